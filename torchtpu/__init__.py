@@ -1,0 +1,46 @@
+"""torchtpu: TPUs (and any PJRT device) as the native PyTorch device ``"tpu"``.
+
+``import torchtpu`` (or plain ``import torch``, through the ``torch.backends`` entry point)
+renames PrivateUse1 to "tpu", registers ``torch.tpu`` and every kernel.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+import atexit
+
+import torch
+
+if torch._C._get_privateuse1_backend_name() != "tpu":
+    torch.utils.rename_privateuse1_backend("tpu")
+
+from . import _C  # noqa: E402  (the C++ half: allocator, guard, hooks, generator, metadata ops)
+from . import device as _device_module  # noqa: E402
+from . import runtime as _runtime  # noqa: E402
+
+_C._set_device_count(_runtime.get().device_count())
+torch._register_device_module("tpu", _device_module)
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+from . import metrics  # noqa: E402
+from .executor import get_mode, mode, set_mode, synchronize as _sync  # noqa: E402
+from . import lowering  # noqa: E402,F401  (fills the lowering table)
+from . import registry as _registry  # noqa: E402
+
+_registry.register_all()
+_C._set_synchronize_callback(lambda idx: _sync(idx))
+# NOTE: the callback holds a Python object inside a C++ static; drop it before the
+# interpreter finalizes, or its destructor would run without a live interpreter.
+atexit.register(_C._clear_synchronize_callback)
+
+
+def sync() -> None:
+    """Waits for every queued tpu op (and, in fused mode, cuts the pending graph)."""
+    _sync()
+
+
+def _autoload():
+    """Entry point for torch.backends autoload: importing this module did the work."""
+
+
+__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync"]

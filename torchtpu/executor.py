@@ -1,0 +1,266 @@
+"""Runs lowering rules: trace one op (or a few) into a StableHLO function, compile through the
+shared cache, launch, and publish the new storage buffers.
+
+Modes: ``strict`` (default) launches asynchronously and returns; ``debug`` waits for each op,
+names the op/shapes/dtypes/line on failure and optionally checks for NaN/Inf. ``fused`` is
+not implemented yet.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import os
+import threading
+
+import numpy as np
+import torch
+
+from . import cache, metrics, runtime
+from . import emit as E
+from . import storage as S
+from .errors import describe_args, op_error, user_line
+from .hlo import Fn, Value
+
+MODES = ("debug", "strict", "fused")
+_mode = os.environ.get("TORCHTPU_MODE", "strict")
+if _mode not in MODES:
+    raise ValueError(f"TORCHTPU_MODE={_mode!r}: expected one of {', '.join(MODES)}")
+_check_nans = os.environ.get("TORCHTPU_CHECK_NANS", "0") not in ("", "0", "false")
+
+
+def set_mode(name: str) -> None:
+    global _mode
+    if name not in MODES:
+        raise ValueError(f"torchtpu.set_mode({name!r}): expected one of {', '.join(MODES)}")
+    if name == "fused":
+        raise NotImplementedError("torchtpu mode 'fused' is not implemented yet; use 'strict' or 'debug'")
+    _mode = name
+
+
+def get_mode() -> str:
+    return _mode
+
+
+@contextlib.contextmanager
+def mode(name: str):
+    old = get_mode()
+    set_mode(name)
+    try:
+        yield
+    finally:
+        set_mode(old)
+
+
+def set_check_nans(on: bool) -> None:
+    global _check_nans
+    _check_nans = bool(on)
+
+
+# -- scalar buffers: bounded LRU so a learning-rate schedule cannot grow it without end ---------
+_SCALAR_CACHE_MAX = 4096
+_scalars: collections.OrderedDict = collections.OrderedDict()
+
+
+def _scalar_buffer(value, dtype, device_index):
+    key = (type(value), value, dtype, device_index)
+    buf = _scalars.get(key)
+    if buf is None:
+        buf = runtime.get().scalar(value, dtype, device_index)
+        _scalars[key] = buf
+        if len(_scalars) > _SCALAR_CACHE_MAX:
+            _scalars.popitem(last=False)
+    else:
+        _scalars.move_to_end(key)
+    return buf
+
+
+class Trace:
+    """One function being built: parameters come from storage buffers and runtime scalars."""
+
+    def __init__(self, opname: str, device_index: int):
+        self.opname = opname
+        self.device_index = device_index
+        self.fn = Fn()
+        self.args: list = []
+        self._storage_param: dict[int, Value] = {}
+        self._storage_cur: dict[int, Value] = {}
+        self.writes: dict[int, Value] = {}  # token -> new buffer value (program results)
+
+    # -- inputs -----------------------------------------------------------------------------
+    def _storage_value(self, tok: int) -> Value | None:
+        v = self._storage_cur.get(tok)
+        if v is not None:
+            return v
+        st = S.state(tok)
+        if st is None or st.buf is None:
+            return None
+        buf = st.buf
+        v = self.fn.param(buf.shape, _torch_dtype(buf.dtype))
+        self.args.append(buf)
+        self._storage_param[tok] = v
+        self._storage_cur[tok] = v
+        return v
+
+    def read(self, t: torch.Tensor) -> Value:
+        base = self._storage_value(S.token(t)) if t.numel() else None
+        if base is None:
+            return E.const(self.fn, 0, t.dtype, t.shape)
+        if base.dtype != t.dtype:
+            base = _reinterpret(base, t.dtype)
+        return S.read_view(base, t.shape, t.stride(), t.storage_offset())
+
+    def scalar(self, value, dtype) -> Value:
+        """A Python scalar as a runtime parameter (0, 1, -1 and non-finite values stay constants)."""
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        if dtype == torch.bool or value in (0, 1, -1) or (isinstance(value, float) and not math.isfinite(value)):
+            return E.const(self.fn, value, dtype)
+        if not dtype.is_floating_point:
+            value = int(value)
+        v = self.fn.param((), dtype)
+        self.args.append(_scalar_buffer(value, dtype, self.device_index))
+        return v
+
+    def host(self, t: torch.Tensor) -> Value:
+        """A CPU tensor (e.g. a 0-d scalar tensor argument) as a parameter."""
+        v = self.fn.param(t.shape, t.dtype)
+        metrics.inc("transfers.h2d")
+        metrics.inc("bytes.h2d", t.numel() * t.element_size())
+        self.args.append(runtime.get().to_device(t.contiguous().clone(), self.device_index))
+        return v
+
+    # -- outputs ------------------------------------------------------------------------------
+    def write(self, t: torch.Tensor, value: Value) -> None:
+        if t.numel() == 0:
+            return
+        tok = S.token(t)
+        value = E.broadcast_to(E.convert(value, t.dtype), tuple(t.shape))
+        base = self._storage_value(tok)
+        numel = t.untyped_storage().nbytes() // t.element_size()
+        if base is not None and base.dtype != t.dtype:
+            base = _reinterpret(base, t.dtype)
+        new = S.write_view(base, numel, t.dtype, t.shape, t.stride(), t.storage_offset(), value)
+        self._storage_cur[tok] = new
+        self.writes[tok] = new
+
+
+def _torch_dtype(np_dtype) -> torch.dtype:
+    name = str(np_dtype)
+    return _NP_TO_TORCH[name]
+
+
+_NP_TO_TORCH = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
+    "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64, "bool": torch.bool,
+}
+
+
+def _reinterpret(v: Value, dtype) -> Value:
+    """Reads storage bytes as another dtype (x.view(dtype)); widths must match for now."""
+    if v.dtype.itemsize != dtype.itemsize:
+        raise NotImplementedError(
+            f"tpu: viewing a {v.dtype} storage as {dtype} (different element sizes) is not supported yet")
+    if dtype == torch.bool or v.dtype == torch.bool:
+        return E.convert(E.bitcast(v, torch.uint8) if v.dtype != torch.bool else v, dtype) if dtype == torch.bool \
+            else E.bitcast(E.convert(v, torch.uint8), dtype)
+    return E.bitcast(v, dtype)
+
+
+# -- running a trace ------------------------------------------------------------------------------
+def launch(tr: Trace, extra_results=()) -> list:
+    """Compiles (cached) and runs the trace; publishes written storages. Returns extra results' arrays."""
+    toks = list(tr.writes)
+    results = [tr.writes[t] for t in toks] + list(extra_results)
+    if not results:
+        return []
+    text = tr.fn.module(results)
+    rt = runtime.get()
+    exe = cache.get_or_compile(rt, text, tr.device_index)
+    metrics.inc("executions")
+    try:
+        outs = rt.execute(exe, tr.args)
+    except Exception as e:  # invalid arguments, OOM: raised at launch
+        raise op_error(tr.opname, [], {}, e) from e
+    if _mode == "debug":
+        try:
+            rt.wait(outs)
+        except Exception as e:
+            raise op_error(tr.opname, [], {}, e) from e
+        if _check_nans:
+            _check_finite(tr.opname, outs)
+    for tok, buf in zip(toks, outs):
+        S.set_buffer(tok, buf, tr.opname)
+    return outs[len(toks):]
+
+
+def _check_finite(opname, outs):
+    for o in outs:
+        if o.dtype.kind == "f" or str(o.dtype) == "bfloat16":
+            a = np.asarray(o).astype(np.float32)
+            if not np.isfinite(a).all():
+                bad = "NaN" if np.isnan(a).any() else "Inf"
+                raise FloatingPointError(
+                    f"tpu: {opname} produced {bad} (TORCHTPU_CHECK_NANS=1) at {user_line()}; output shape {list(o.shape)}")
+
+
+def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
+    """The value of tpu tensor `t` as a new contiguous CPU tensor. Blocks (a host sync)."""
+    drain()
+    metrics.host_sync(cause)
+    out = torch.empty(t.shape, dtype=t.dtype)
+    if t.numel() == 0:
+        return out
+    tok = S.token(t)
+    st = S.state(tok)
+    if st is None or st.buf is None:
+        return out.zero_()
+    buf = st.buf
+    whole = (t.storage_offset() == 0 and S.is_contiguous(t.shape, t.stride())
+             and t.numel() * t.element_size() == t.untyped_storage().nbytes() and _torch_dtype(buf.dtype) == t.dtype)
+    if not whole:
+        tr = Trace("read:" + cause, t.device.index or 0)
+        (buf,) = launch(tr, [tr.read(t)])
+    try:
+        host = runtime.get().to_host(buf)
+    except Exception as e:
+        raise RuntimeError(f"tpu: the op {st.producer} that produced this tensor failed: {e}") from e
+    metrics.inc("transfers.d2h")
+    metrics.inc("bytes.d2h", t.numel() * t.element_size())
+    out.copy_(host.reshape(t.shape))
+    return out
+
+
+def synchronize(device_index: int | None = None) -> None:
+    drain()
+    rt = runtime.get()
+    if rt._backend is None:
+        return
+    try:
+        rt.wait(S.live_buffers())
+    except Exception as e:
+        raise RuntimeError(f"tpu: a queued op failed: {e}") from e
+
+
+# -- storage events -------------------------------------------------------------------------------
+def _resize_copy(old_buf, new_nbytes):
+    dtype = _torch_dtype(old_buf.dtype)
+    n_new = new_nbytes // dtype.itemsize
+    tr = Trace("resize_", 0)
+    base = tr.fn.param(old_buf.shape, dtype)
+    tr.args.append(old_buf)
+    flat = E.reshape(base, (base.numel,))
+    if n_new <= flat.numel:
+        new = E.slice_(flat, [0], [n_new])
+    else:
+        new = E.pad(flat, E.const(tr.fn, 0, dtype), [0], [n_new - flat.numel])
+    (out,) = launch(tr, [new])
+    return out
+
+
+def drain() -> None:
+    S.drain_events(_resize_copy)
+
+
+__all__ = ["Trace", "launch", "read_host", "synchronize", "set_mode", "get_mode", "mode", "drain", "describe_args"]

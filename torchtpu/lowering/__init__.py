@@ -1,0 +1,3 @@
+"""The lowering table: importing these modules registers their rules (see registry.py)."""
+from . import copy  # noqa: F401
+from . import elementwise  # noqa: F401

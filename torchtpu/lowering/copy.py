@@ -1,0 +1,86 @@
+"""copy_ between cpu and tpu (both directions) and within tpu, and host reads of values."""
+from __future__ import annotations
+
+import torch
+
+from .. import emit as E
+from .. import executor as X
+from .. import metrics, runtime
+from .. import storage as S
+from ..errors import op_error
+from ..registry import _device_index, direct
+
+
+def _upload(dst: torch.Tensor, src_cpu: torch.Tensor) -> None:
+    """Writes CPU values (already dst's dtype and shape) into tpu tensor dst."""
+    dev = dst.device.index or 0
+    buf = runtime.get().to_device(src_cpu.contiguous().clone(), dev)
+    metrics.inc("transfers.h2d")
+    metrics.inc("bytes.h2d", src_cpu.numel() * src_cpu.element_size())
+    whole = (dst.storage_offset() == 0 and S.is_contiguous(dst.shape, dst.stride())
+             and dst.numel() * dst.element_size() == dst.untyped_storage().nbytes())
+    if whole:
+        S.set_buffer(S.token(dst), buf, "copy_")
+        return
+    tr = X.Trace("copy_", dev)
+    v = tr.fn.param(tuple(src_cpu.shape), src_cpu.dtype)
+    tr.args.append(buf)
+    tr.write(dst, v)
+    X.launch(tr)
+
+
+@direct("copy_")
+def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    metrics.inc("op.copy_")
+    X.drain()
+    if self.numel() == 0:
+        return self
+    try:
+        torch.broadcast_shapes(src.shape, self.shape)
+        if torch.broadcast_shapes(src.shape, self.shape) != self.shape:
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape")
+    except RuntimeError as e:
+        raise op_error("copy_", [self, src], {}, e) from None
+    if self.device.type == "tpu" and src.device.type == "tpu":
+        if self.device != src.device:
+            tmp = X.read_host(src, "copy_between_devices")
+            return copy_(self, tmp)
+        tr = X.Trace("copy_", self.device.index or 0)
+        tr.write(self, tr.read(src))
+        X.launch(tr)
+    elif self.device.type == "tpu":
+        if src.device.type != "cpu":
+            src = src.cpu()
+        _upload(self, src.to(self.dtype).expand(self.shape))
+    else:  # tpu -> host
+        self.copy_(X.read_host(src, "copy_to_cpu"))
+    return self
+
+
+@direct("_copy_from")
+def _copy_from(self, dst, non_blocking=False):
+    return copy_(dst, self, non_blocking)
+
+
+@direct("_copy_from_and_resize")
+def _copy_from_and_resize(self, dst):
+    if dst.shape != self.shape:
+        dst.resize_(self.shape)
+    return copy_(dst, self)
+
+
+@direct("_local_scalar_dense")
+def _local_scalar_dense(self):
+    metrics.inc("op._local_scalar_dense")
+    if self.numel() != 1:
+        raise op_error("_local_scalar_dense", [self], {}, "a Tensor with more than one element cannot be converted to a Python scalar")
+    return X.read_host(self, "item").item()
+
+
+@direct("equal")
+def equal(self, other):
+    metrics.inc("op.equal")
+    _device_index("equal", [self, other], {})
+    if self.shape != other.shape:
+        return False
+    return bool(torch.equal(X.read_host(self, "equal"), X.read_host(other, "equal")))

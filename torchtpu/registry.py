@@ -1,0 +1,318 @@
+"""The lowering table and its registration with the dispatcher.
+
+One rule per ATen overload (``@lowering("add.Tensor")``). A rule receives a Trace and the
+op's arguments with every tpu tensor replaced by its StableHLO value; it returns the
+value(s) of the functional result. From each functional rule the in-place (``add_.Tensor``)
+and ``out=`` (``add.out``) kernels are derived from the schemas, in one loop.
+
+Ops without a rule go to the boxed fallback: PyTorch's own decomposition when there is one
+(counted as ``decomposed.<op>``), else the CPU round trip (counted as ``fallback.<op>``,
+warned once, an error under ``TORCHTPU_FALLBACK=error``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Callable
+
+import torch
+import torch._decomp
+import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import executor as X
+from . import metrics
+from .errors import TpuOpError, op_error
+
+RULES: dict[str, Callable] = {}
+DIRECT: dict[str, Callable] = {}  # kernels that are not value rules (copies, host reads)
+
+
+def lowering(*names):
+    def deco(fn):
+        for n in names:
+            assert n not in RULES, f"two rules for {n}"
+            RULES[n] = fn
+        return fn
+
+    return deco
+
+
+def direct(*names):
+    def deco(fn):
+        for n in names:
+            DIRECT[n] = fn
+        return fn
+
+    return deco
+
+
+def _overload(name: str):
+    packet, _, ov = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), ov or "default")
+
+
+def _is_tpu(x):
+    return isinstance(x, torch.Tensor) and x.device.type == "tpu"
+
+
+# -- argument handling ---------------------------------------------------------------------------
+def _device_index(opname, args, kwargs) -> int:
+    """The tpu device of the op; rejects tensors on two devices (0-d CPU tensors are scalars, as on cuda)."""
+    flat, _ = tree_flatten((args, kwargs))
+    dev = None
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "tpu":
+                if dev is None:
+                    dev = x.device
+                elif x.device != dev:
+                    raise op_error(opname, args, kwargs, f"Expected all tensors to be on the same device, but found at least two devices, {dev} and {x.device}")
+            elif x.dim() != 0 or x.device.type != "cpu":
+                raise op_error(opname, args, kwargs, f"Expected all tensors to be on the same device, but found at least two devices, tpu and {x.device} (move the {x.device} tensor with .to('tpu'))")
+    if dev is None:
+        d = kwargs.get("device")
+        return (d.index or 0) if isinstance(d, torch.device) and d.index is not None else torch.tpu.current_device()
+    return dev.index or 0
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, torch.Generator):
+        return None
+    if isinstance(x, torch.device) and x.type == "tpu":
+        return torch.device("meta")
+    return x
+
+
+def meta(op, opname, args, kwargs):
+    margs, mkwargs = tree_map(_to_meta, (args, kwargs))
+    try:
+        return op(*margs, **mkwargs)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise op_error(opname, args, kwargs, e) from None
+
+
+def _values(tr, args, kwargs):
+    def conv(x):
+        if isinstance(x, torch.Tensor):
+            return tr.read(x) if x.device.type == "tpu" else tr.host(x)
+        return x
+
+    return tree_map(conv, (args, kwargs))
+
+
+def _as_tuple(x):
+    return x if isinstance(x, (tuple, list)) else (x,)
+
+
+def _new_like_meta(m, device_index):
+    return torch.empty(m.shape, dtype=m.dtype, device=torch.device("tpu", device_index))
+
+
+def _run_rule(opname, rule, args, kwargs, fmeta, dev):
+    tr = X.Trace(opname, dev)
+    tr.out = fmeta
+    vargs, vkwargs = _values(tr, args, kwargs)
+    try:
+        res = rule(tr, *vargs, **vkwargs)
+    except TpuOpError:
+        raise
+    except Exception as e:
+        raise op_error(opname, args, kwargs, e) from e
+    return tr, _as_tuple(res)
+
+
+# -- kernels derived from a rule ------------------------------------------------------------------
+def functional_kernel(opname, rule):
+    op = _overload(opname)
+
+    def kernel(*args, **kwargs):
+        metrics.inc("op." + opname)
+        dev = _device_index(opname, args, kwargs)
+        X.drain()
+        fmeta = meta(op, opname, args, kwargs)
+        tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
+        metas = _as_tuple(fmeta)
+        outs = [_new_like_meta(m, dev) for m in metas]
+        for o, v in zip(outs, vals):
+            tr.write(o, v)
+        X.launch(tr)
+        return tuple(outs) if isinstance(fmeta, (tuple, list)) else outs[0]
+
+    return kernel
+
+
+def inplace_kernel(opname, fname, rule):
+    op, fop = _overload(opname), _overload(fname)
+
+    def kernel(*args, **kwargs):
+        metrics.inc("op." + opname)
+        dev = _device_index(opname, args, kwargs)
+        X.drain()
+        meta(op, opname, args, kwargs)  # in-place rules: shapes must not grow, dtypes must cast
+        fmeta = meta(fop, opname, args, kwargs)
+        tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
+        tr.write(args[0], vals[0])
+        X.launch(tr)
+        return args[0]
+
+    return kernel
+
+
+def out_kernel(opname, fname, rule, out_names):
+    op, fop = _overload(opname), _overload(fname)
+
+    def kernel(*args, **kwargs):
+        metrics.inc("op." + opname)
+        dev = _device_index(opname, args, kwargs)
+        X.drain()
+        meta(op, opname, args, kwargs)
+        outs = [kwargs.pop(n) for n in out_names]
+        fmeta = meta(fop, opname, args, kwargs)
+        for o, m in zip(outs, _as_tuple(fmeta)):
+            if o.shape != m.shape:
+                o.resize_(m.shape)
+        tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
+        for o, v in zip(outs, vals):
+            tr.write(o, v)
+        X.launch(tr)
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+    return kernel
+
+
+def _args_sig(schema, skip_out=True):
+    return [(a.name, str(a.type)) for a in schema.arguments if not (skip_out and a.is_out)]
+
+
+def _variants(opname):
+    """(in-place overload name or None, [(out overload name, out arg names)])."""
+    packet, _, ov = opname.partition(".")
+    ov = ov or "default"
+    fschema = _overload(opname)._schema
+    sig = [(a.name, str(a.type).replace("Tensor(a!)", "Tensor")) for a in fschema.arguments]
+    inplace = None
+    ip = getattr(torch.ops.aten, packet + "_", None)
+    if ip is not None and ov in ip.overloads():
+        inplace = f"{packet}_.{ov}" if ov != "default" else f"{packet}_"
+    outs = []
+    for name in getattr(torch.ops.aten, packet).overloads():
+        s = getattr(getattr(torch.ops.aten, packet), name)._schema
+        out_args = [a.name for a in s.arguments if a.is_out]
+        if out_args and [(a.name, str(a.type)) for a in s.arguments if not a.is_out] == sig:
+            outs.append((f"{packet}.{name}", out_args))
+    return inplace, outs
+
+
+_lib = None
+_fallback_lib = None
+_registered: set[str] = set()
+
+
+def register_all():
+    global _lib
+    _lib = torch.library.Library("aten", "IMPL")
+    for name, fn in DIRECT.items():
+        _lib.impl(name, fn, "PrivateUse1")
+        _registered.add(name)
+    for name, rule in RULES.items():
+        _lib.impl(name, functional_kernel(name, rule), "PrivateUse1")
+        _registered.add(name)
+        inplace, outs = _variants(name)
+        if inplace and inplace not in RULES and inplace not in DIRECT:
+            _lib.impl(inplace, inplace_kernel(inplace, name, rule), "PrivateUse1")
+            _registered.add(inplace)
+        for oname, out_names in outs:
+            if oname not in RULES and oname not in DIRECT:
+                _lib.impl(oname, out_kernel(oname, name, rule, out_names), "PrivateUse1")
+                _registered.add(oname)
+    global _fallback_lib
+    _fallback_lib = torch.library.Library("_", "IMPL")
+    _fallback_lib.fallback(fallback, dispatch_key="PrivateUse1")
+
+
+def registered_ops() -> set[str]:
+    return set(_registered)
+
+
+# -- the boxed fallback --------------------------------------------------------------------------
+_warned: set[str] = set()
+_tls = threading.local()
+
+
+def _decomposing() -> set:
+    s = getattr(_tls, "decomposing", None)
+    if s is None:
+        s = _tls.decomposing = set()
+    return s
+
+
+def _opname(op) -> str:
+    s = op._schema
+    return s.name.split("::")[-1] + ("." + s.overload_name if s.overload_name else "")
+
+
+def fallback(op, *args, **kwargs):
+    name = _opname(op)
+    decomp = torch._decomp.decomposition_table.get(op)
+    active = _decomposing()
+    if decomp is not None and op not in active:
+        metrics.inc("decomposed." + name)
+        active.add(op)
+        try:
+            return decomp(*args, **kwargs)
+        finally:
+            active.discard(op)
+    return cpu_fallback(op, name, args, kwargs)
+
+
+def cpu_fallback(op, name, args, kwargs):
+    policy = os.environ.get("TORCHTPU_FALLBACK", "warn")
+    if policy == "error":
+        raise op_error(name, args, kwargs, "no tpu lowering for this op and TORCHTPU_FALLBACK=error forbids the CPU fallback")
+    metrics.inc("fallback." + name)
+    if policy != "silent" and name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"torchtpu: aten::{name} has no tpu lowering; running it on CPU (counted in "
+                      f"torchtpu.metrics as fallback.{name}; TORCHTPU_FALLBACK=error to forbid)", stacklevel=3)
+    dev = None
+    for x in tree_flatten((args, kwargs))[0]:
+        if _is_tpu(x):
+            dev = x.device
+            break
+    if dev is None:
+        d = kwargs.get("device")
+        dev = d if isinstance(d, torch.device) else torch.device("tpu", torch.tpu.current_device())
+
+    def to_cpu(x):
+        if _is_tpu(x):
+            return X.read_host(x, "fallback")
+        if isinstance(x, torch.device) and x.type == "tpu":
+            return torch.device("cpu")
+        if isinstance(x, torch.Generator) and x.device.type == "tpu":
+            return None
+        return x
+
+    cargs, ckwargs = tree_map(to_cpu, (args, kwargs))
+    res = op(*cargs, **ckwargs)
+    schema = op._schema
+    # Mutated tensor arguments: copy the CPU result back into the tpu tensor.
+    flat_args = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    flat_cargs = list(cargs) + [ckwargs.get(a.name) for a in schema.arguments[len(args):]]
+    alias_of = {}
+    for a, orig, cpu in zip(schema.arguments, flat_args, flat_cargs):
+        if a.alias_info is not None and a.alias_info.is_write and _is_tpu(orig):
+            orig.copy_(cpu)
+            alias_of[id(cpu)] = orig
+
+    def back(r):
+        if isinstance(r, torch.Tensor):
+            if id(r) in alias_of:
+                return alias_of[id(r)]
+            return r.to(dev)
+        return r
+
+    return tree_map(back, res)

@@ -1,0 +1,147 @@
+"""JaxlibRuntime: the only place that touches jax/jaxlib objects.
+
+Compiles StableHLO text with ``Client.compile_and_load``, runs executables
+asynchronously with ``execute_sharded``, moves data host<->device and reports
+memory. jaxlib releases the GIL while compiling and executing.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import torch
+
+_PLATFORMS = ("cpu", "tpu", "cuda")
+
+
+class RuntimeError_(RuntimeError):
+    pass
+
+
+def _np_dtype(dtype: torch.dtype):
+    if dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+class JaxlibRuntime:
+    def __init__(self, platform: str | None = None):
+        platform = platform or os.environ.get("TORCHTPU_PLATFORM", "cpu")
+        if platform not in _PLATFORMS:
+            raise ValueError(f"TORCHTPU_PLATFORM={platform!r}: expected one of {', '.join(_PLATFORMS)}")
+        self.platform = platform
+        self._lock = threading.Lock()
+        self._backend = None
+        self._devices = None
+        self._jax = None
+
+    # -- start-up ---------------------------------------------------------------------------
+    def _start(self):
+        with self._lock:
+            if self._backend is not None:
+                return
+            import jax
+
+            jax.config.update("jax_enable_x64", True)  # int64/float64 keep their width
+            jax.config.update("jax_platforms", self.platform)
+            from jax.extend.backend import get_backend
+
+            self._jax = jax
+            self._backend = get_backend(self.platform)
+            self._devices = self._backend.local_devices()
+
+    @property
+    def backend(self):
+        if self._backend is None:
+            self._start()
+        return self._backend
+
+    def device_count(self) -> int:
+        if self.platform == "cpu" and self._backend is None:
+            return int(os.environ.get("TORCHTPU_NUM_CPU_DEVICES", "1"))
+        return len(self.devices())
+
+    def devices(self):
+        if self._devices is None:
+            self._start()
+        return self._devices
+
+    def device(self, index: int):
+        return self.devices()[index]
+
+    def platform_info(self) -> dict:
+        be = self.backend
+        import jaxlib
+
+        return {
+            "platform": be.platform,
+            "platform_version": be.platform_version,
+            "jaxlib": jaxlib.__version__,
+            "device_kind": self.devices()[0].device_kind,
+        }
+
+    # -- compile / execute -----------------------------------------------------------------
+    def compile(self, text: str, device_index: int = 0):
+        from jax.extend.backend import get_compile_options
+
+        be = self.backend
+        devs = [self.device(device_index)]
+        opts = get_compile_options(num_replicas=1, num_partitions=1, device_assignment=[devs], backend=be)
+        return be.compile_and_load(text, devs, opts)
+
+    def execute(self, exe, args):
+        """Launches asynchronously; the returned arrays are futures."""
+        res = exe.execute_sharded(args)
+        return [o[0] for o in res.disassemble_into_single_device_arrays()]
+
+    # -- buffers -----------------------------------------------------------------------------
+    def to_device(self, t: torch.Tensor, device_index: int = 0):
+        """Contiguous CPU tensor -> device array. The caller hands over ownership of ``t``."""
+        if self._jax is None:
+            self._start()
+        dev = self.device(device_index)
+        if t.dtype == torch.bool or t.numel() == 0:
+            return self._jax.device_put(t.numpy(), dev)
+        # NOTE: DLPack shares t's memory with the array (no copy on XLA:CPU); the caller
+        # passes a private copy, so nothing can mutate it afterwards.
+        arr = self._jax.dlpack.from_dlpack(t)
+        if arr.devices() != {dev}:
+            arr = self._jax.device_put(arr, dev)
+        return arr
+
+    def scalar(self, value, dtype: torch.dtype, device_index: int = 0):
+        if self._jax is None:
+            self._start()
+        return self._jax.device_put(np.asarray(value, dtype=_np_dtype(dtype)), self.device(device_index))
+
+    def to_host(self, arr) -> torch.Tensor:
+        """Device array -> CPU tensor (a view of the array's memory where possible; copy it before keeping)."""
+        if arr.dtype == np.bool_ or arr.size == 0:
+            return torch.from_numpy(np.array(arr))
+        return torch.from_dlpack(arr)
+
+    def wait(self, arrays):
+        for a in arrays:
+            a.block_until_ready()
+
+    def memory_stats(self, device_index: int = 0) -> dict:
+        try:
+            return dict(self.device(device_index).memory_stats() or {})
+        except Exception:  # XLA:CPU has no allocator stats
+            return {}
+
+    def serialize(self, exe) -> bytes:
+        return self.backend.serialize_executable(exe)
+
+
+_runtime: JaxlibRuntime | None = None
+
+
+def get() -> JaxlibRuntime:
+    global _runtime
+    if _runtime is None:
+        _runtime = JaxlibRuntime()
+    return _runtime
