@@ -39,6 +39,18 @@ def lowering(*names):
     return deco
 
 
+INPLACE_RULES: dict[str, Callable] = {}  # in-place-only ops (uniform_, normal_, ...): rule gives self's new value
+
+
+def inplace_lowering(*names):
+    def deco(fn):
+        for n in names:
+            INPLACE_RULES[n] = fn
+        return fn
+
+    return deco
+
+
 def direct(*names):
     def deco(fn):
         for n in names:
@@ -152,8 +164,9 @@ def inplace_kernel(opname, fname, rule):
         metrics.inc("op." + opname)
         dev = _device_index(opname, args, kwargs)
         X.drain()
-        meta(op, opname, args, kwargs)  # in-place rules: shapes must not grow, dtypes must cast
-        fmeta = meta(fop, opname, args, kwargs)
+        fmeta = meta(op, opname, args, kwargs)  # in-place: shapes must not grow, dtypes must cast
+        if fop is not op:
+            fmeta = meta(fop, opname, args, kwargs)
         tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
         tr.write(args[0], vals[0])
         X.launch(tr)
@@ -184,10 +197,6 @@ def out_kernel(opname, fname, rule, out_names):
     return kernel
 
 
-def _args_sig(schema, skip_out=True):
-    return [(a.name, str(a.type)) for a in schema.arguments if not (skip_out and a.is_out)]
-
-
 def _variants(opname):
     """(in-place overload name or None, [(out overload name, out arg names)])."""
     packet, _, ov = opname.partition(".")
@@ -197,7 +206,7 @@ def _variants(opname):
     inplace = None
     ip = getattr(torch.ops.aten, packet + "_", None)
     if ip is not None and ov in ip.overloads():
-        inplace = f"{packet}_.{ov}" if ov != "default" else f"{packet}_"
+        inplace = f"{packet}_.{ov}"
     outs = []
     for name in getattr(torch.ops.aten, packet).overloads():
         s = getattr(getattr(torch.ops.aten, packet), name)._schema
@@ -212,23 +221,26 @@ _fallback_lib = None
 _registered: set[str] = set()
 
 
+def _impl(name, kernel):
+    _lib.impl(name[: -len(".default")] if name.endswith(".default") else name, kernel, "PrivateUse1")
+    _registered.add(name)
+
+
 def register_all():
     global _lib
     _lib = torch.library.Library("aten", "IMPL")
     for name, fn in DIRECT.items():
-        _lib.impl(name, fn, "PrivateUse1")
-        _registered.add(name)
+        _impl(name, fn)
+    for name, rule in INPLACE_RULES.items():
+        _impl(name, inplace_kernel(name, name, rule))
     for name, rule in RULES.items():
-        _lib.impl(name, functional_kernel(name, rule), "PrivateUse1")
-        _registered.add(name)
+        _impl(name, functional_kernel(name, rule))
         inplace, outs = _variants(name)
         if inplace and inplace not in RULES and inplace not in DIRECT:
-            _lib.impl(inplace, inplace_kernel(inplace, name, rule), "PrivateUse1")
-            _registered.add(inplace)
+            _impl(inplace, inplace_kernel(inplace, name, rule))
         for oname, out_names in outs:
             if oname not in RULES and oname not in DIRECT:
-                _lib.impl(oname, out_kernel(oname, name, rule, out_names), "PrivateUse1")
-                _registered.add(oname)
+                _impl(oname, out_kernel(oname, name, rule, out_names))
     global _fallback_lib
     _fallback_lib = torch.library.Library("_", "IMPL")
     _fallback_lib.fallback(fallback, dispatch_key="PrivateUse1")

@@ -15,10 +15,6 @@ import torch
 _PLATFORMS = ("cpu", "tpu", "cuda")
 
 
-class RuntimeError_(RuntimeError):
-    pass
-
-
 def _np_dtype(dtype: torch.dtype):
     if dtype == torch.bfloat16:
         import ml_dtypes
@@ -113,9 +109,12 @@ class JaxlibRuntime:
         return arr
 
     def scalar(self, value, dtype: torch.dtype, device_index: int = 0):
+        return self.from_numpy(np.asarray(value, dtype=_np_dtype(dtype)), device_index)
+
+    def from_numpy(self, a: np.ndarray, device_index: int = 0):
         if self._jax is None:
             self._start()
-        return self._jax.device_put(np.asarray(value, dtype=_np_dtype(dtype)), self.device(device_index))
+        return self._jax.device_put(a, self.device(device_index))
 
     def to_host(self, arr) -> torch.Tensor:
         """Device array -> CPU tensor (a view of the array's memory where possible; copy it before keeping)."""

@@ -1,0 +1,183 @@
+"""cat, index_select, gather/scatter, advanced indexing (index.Tensor, index_put), embedding."""
+from __future__ import annotations
+
+import torch
+
+from .. import emit as E
+from ..registry import lowering
+
+
+def _meta(tr, i=0):
+    return tr.out[i] if isinstance(tr.out, (tuple, list)) else tr.out
+
+
+def _wrap(idx, size):
+    """Negative indices count from the end, as on CPU."""
+    idx = E.convert(idx, torch.int64)
+    neg = E.compare(idx, E.const(idx.fn, 0, torch.int64, idx.shape), "LT")
+    return E.select(neg, E.add(idx, E.const(idx.fn, size, torch.int64, idx.shape)), idx)
+
+
+@lowering("cat")
+def cat(tr, tensors, dim=0):
+    m = _meta(tr)
+    parts = [E.convert(t, m.dtype) for t in tensors if not (t.rank == 1 and t.shape[0] == 0)]
+    if not parts:
+        return E.const(tr.fn, 0, m.dtype, m.shape)
+    return E.concatenate(parts, dim % len(m.shape))
+
+
+@lowering("index_select")
+def index_select(tr, x, dim, index):
+    dim = dim % max(x.rank, 1)
+    if x.rank == 0:
+        return x
+    idx = _wrap(E.reshape(index, (index.numel,)), x.shape[dim])
+    n = idx.shape[0]
+    slice_sizes = [1 if d == dim else s for d, s in enumerate(x.shape)]
+    offset_dims = [d for d in range(x.rank) if d != dim]
+    out_shape = list(x.shape)
+    out_shape[dim] = n
+    # offset dims are the output dims other than `dim`; the batch (index) dim sits at `dim`.
+    return E.gather(x, E.reshape(idx, (n, 1)), offset_dims=offset_dims, collapsed=[dim], start_index_map=[dim],
+                    index_vector_dim=1, slice_sizes=slice_sizes, out_shape=out_shape)
+
+
+def _full_indices(index, dim, rank):
+    """For gather/scatter along dim: (numel, rank) int64 coordinates of every index element."""
+    fn = index.fn
+    cols = []
+    for d in range(rank):
+        c = index if d == dim else E.iota(fn, index.shape, d)
+        cols.append(E.reshape(E.convert(c, torch.int64), (index.numel, 1)))
+    return E.concatenate(cols, 1)
+
+
+@lowering("gather")
+def gather(tr, x, dim, index, sparse_grad=False):
+    dim = dim % max(x.rank, 1)
+    if index.numel == 0:
+        return E.const(tr.fn, 0, x.dtype, index.shape)
+    if x.rank == 0:
+        return E.reshape(x, index.shape)
+    coords = _full_indices(_wrap(index, x.shape[dim]), dim, x.rank)
+    g = E.gather(x, coords, offset_dims=[], collapsed=list(range(x.rank)), start_index_map=list(range(x.rank)),
+                 index_vector_dim=1, slice_sizes=[1] * x.rank, out_shape=(index.numel,))
+    return E.reshape(g, index.shape)
+
+
+def _scatter(x, dim, index, src, combiner):
+    dim = dim % max(x.rank, 1)
+    if index.numel == 0:
+        return x
+    if not isinstance(src, E.Value):
+        src = E.const(x.fn, src, x.dtype, index.shape)
+    elif src.shape != index.shape:
+        src = E.slice_(src, [0] * src.rank, list(index.shape))
+    coords = _full_indices(_wrap(index, x.shape[dim]), dim, x.rank)
+    return E.scatter(x, coords, E.reshape(E.convert(src, x.dtype), (index.numel,)), [], list(range(x.rank)),
+                     list(range(x.rank)), 1, combiner)
+
+
+@lowering("scatter.src", "scatter.value")
+def scatter(tr, x, dim, index, src):
+    if not isinstance(src, E.Value):
+        src = tr.scalar(src, x.dtype)
+        src = E.broadcast_to(src, index.shape)
+    return _scatter(x, dim, index, src, None)
+
+
+@lowering("scatter_add")
+def scatter_add(tr, x, dim, index, src):
+    return _scatter(x, dim, index, src, "stablehlo.add")
+
+
+def _advanced(x, indices):
+    """Normalizes x[indices] (a list with None for full slices) into one gather/scatter layout:
+    x is transposed so the indexed dims come first; returns (xt, perm, idx (B..., k), k, rest dims)."""
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    rest = [d for d in range(x.rank) if d not in pos]
+    perm = pos + rest
+    xt = E.transpose(x, perm)
+    idx = [_wrap(indices[d], x.shape[d]) for d in pos]
+    bshape = E.broadcast_shapes(*[i.shape for i in idx])
+    idx = [E.reshape(E.broadcast_to(i, bshape), list(bshape) + [1]) for i in idx]
+    stacked = E.concatenate(idx, len(bshape))
+    return xt, perm, pos, stacked, bshape
+
+
+def _bool_to_long(tr, indices):
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            raise NotImplementedError("boolean mask indices")
+    return indices
+
+
+@lowering("index.Tensor")
+def index(tr, x, indices):
+    indices = list(indices) + [None] * (x.rank - len(indices))
+    _bool_to_long(tr, indices)
+    xt, perm, pos, stacked, bshape = _advanced(x, indices)
+    k = len(pos)
+    rest_sizes = list(xt.shape[k:])
+    nb = len(bshape)
+    g = E.gather(xt, stacked, offset_dims=list(range(nb, nb + len(rest_sizes))), collapsed=list(range(k)),
+                 start_index_map=list(range(k)), index_vector_dim=nb, slice_sizes=[1] * k + rest_sizes,
+                 out_shape=list(bshape) + rest_sizes)
+    # torch puts the broadcast dims where the first indexed dim was when indexed dims are adjacent.
+    adjacent = pos == list(range(pos[0], pos[0] + k))
+    if adjacent and pos[0] > 0:
+        p0 = pos[0]
+        order = list(range(nb, nb + p0)) + list(range(nb)) + list(range(nb + p0, nb + len(rest_sizes)))
+        g = E.transpose(g, order)
+    return g
+
+
+@lowering("index_put")
+def index_put(tr, x, indices, values, accumulate=False):
+    indices = list(indices) + [None] * (x.rank - len(indices))
+    _bool_to_long(tr, indices)
+    xt, perm, pos, stacked, bshape = _advanced(x, indices)
+    k = len(pos)
+    rest_sizes = list(xt.shape[k:])
+    nb = len(bshape)
+    vals = E.convert(values, x.dtype)
+    # values are given in the result layout of x[indices]; bring them to (bshape + rest).
+    adjacent = pos == list(range(pos[0], pos[0] + k))
+    if adjacent and pos[0] > 0:
+        p0 = pos[0]
+        full = rest_sizes[:p0] + list(bshape) + rest_sizes[p0:]
+        vals = E.broadcast_to(vals, full)
+        order = list(range(p0, p0 + nb)) + list(range(p0)) + list(range(p0 + nb, len(full)))
+        vals = E.transpose(vals, order)
+    else:
+        vals = E.broadcast_to(vals, list(bshape) + rest_sizes)
+    out = E.scatter(xt, stacked, vals, update_window_dims=list(range(nb, nb + len(rest_sizes))),
+                    inserted_window_dims=list(range(k)), scatter_dims_to_operand_dims=list(range(k)),
+                    index_vector_dim=nb, combiner="stablehlo.add" if accumulate else None)
+    inv = [perm.index(d) for d in range(x.rank)]
+    return E.transpose(out, inv)
+
+
+@lowering("embedding")
+def embedding(tr, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    flat = E.reshape(indices, (indices.numel,))
+    rows = index_select(tr, weight, 0, flat)
+    return E.reshape(rows, list(indices.shape) + [weight.shape[1]])
+
+
+@lowering("embedding_dense_backward")
+def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    if scale_grad_by_freq:
+        raise NotImplementedError("scale_grad_by_freq")
+    d = grad.shape[-1]
+    n = indices.numel
+    idx = E.convert(E.reshape(indices, (n,)), torch.int64)
+    g = E.reshape(grad, (n, d))
+    if padding_idx is not None and padding_idx >= 0:
+        keep = E.compare(idx, E.const(tr.fn, padding_idx, torch.int64, (n,)), "NE")
+        g = E.select(E.broadcast_in_dim(keep, (n, d), [0]), g, E.const(tr.fn, 0, g.dtype, (n, d)))
+    acc = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
+    zeros = E.const(tr.fn, 0, acc, (num_weights, d))
+    out = E.scatter(zeros, E.reshape(idx, (n, 1)), E.convert(g, acc), [1], [0], [0], 1, "stablehlo.add")
+    return E.convert(out, grad.dtype)

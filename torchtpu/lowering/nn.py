@@ -1,0 +1,244 @@
+"""Activations, softmax, layer norm, losses and embedding rules (backward ops decompose
+through PyTorch's decompositions unless a rule is here)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import emit as E
+from ..registry import lowering
+from .elementwise import _erf
+from .reduction import reduce
+
+
+def _meta(tr, i=0):
+    return tr.out[i] if isinstance(tr.out, (tuple, list)) else tr.out
+
+
+def _acc(dt):
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+
+
+def _c(x, v):
+    return E.const(x.fn, v, x.dtype, x.shape)
+
+
+@lowering("relu")
+def relu(tr, x):
+    return E.maximum(x, _c(x, 0)) if x.dtype != torch.bool else x
+
+
+@lowering("threshold_backward")
+def threshold_backward(tr, grad, x, threshold):
+    return E.select(E.compare(x, tr.scalar(threshold, x.dtype), "LE"), _c(grad, 0), grad)
+
+
+def _gelu(x, approximate):
+    if approximate == "tanh":
+        inner = E.mul(_c(x, math.sqrt(2 / math.pi)), E.add(x, E.mul(_c(x, 0.044715), E.mul(x, E.mul(x, x)))))
+        return E.mul(E.mul(_c(x, 0.5), x), E.add(_c(x, 1.0), E.unary("tanh", inner)))
+    return E.mul(E.mul(_c(x, 0.5), x), E.add(_c(x, 1.0), _erf(E.mul(x, _c(x, 1 / math.sqrt(2))))))
+
+
+@lowering("gelu")
+def gelu(tr, x, approximate="none"):
+    dt = x.dtype
+    return E.convert(_gelu(E.convert(x, _acc(dt)), approximate), dt)
+
+
+@lowering("gelu_backward")
+def gelu_backward(tr, grad, x, approximate="none"):
+    dt = x.dtype
+    xv, g = E.convert(x, _acc(dt)), E.convert(grad, _acc(dt))
+    if approximate == "tanh":
+        k, c3 = math.sqrt(2 / math.pi), 0.044715
+        x2 = E.mul(xv, xv)
+        inner = E.mul(_c(xv, k), E.add(xv, E.mul(_c(xv, c3), E.mul(x2, xv))))
+        t = E.unary("tanh", inner)
+        dinner = E.mul(_c(xv, k), E.add(_c(xv, 1.0), E.mul(_c(xv, 3 * c3), x2)))
+        d = E.add(E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), t)),
+                  E.mul(E.mul(_c(xv, 0.5), xv), E.mul(E.sub(_c(xv, 1.0), E.mul(t, t)), dinner)))
+    else:
+        cdf = E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), _erf(E.mul(xv, _c(xv, 1 / math.sqrt(2))))))
+        pdf = E.mul(_c(xv, 1 / math.sqrt(2 * math.pi)), E.unary("exponential", E.mul(_c(xv, -0.5), E.mul(xv, xv))))
+        d = E.add(cdf, E.mul(xv, pdf))
+    return E.convert(E.mul(g, d), dt)
+
+
+@lowering("silu")
+def silu(tr, x):
+    return E.mul(x, E.unary("logistic", x))
+
+
+@lowering("silu_backward")
+def silu_backward(tr, grad, x):
+    s = E.unary("logistic", x)
+    return E.mul(grad, E.mul(s, E.add(_c(x, 1.0), E.mul(x, E.sub(_c(x, 1.0), s)))))
+
+
+@lowering("sigmoid_backward")
+def sigmoid_backward(tr, grad, y):
+    return E.mul(grad, E.mul(y, E.sub(_c(y, 1.0), y)))
+
+
+@lowering("tanh_backward")
+def tanh_backward(tr, grad, y):
+    return E.mul(grad, E.sub(_c(y, 1.0), E.mul(y, y)))
+
+
+def _softmax_parts(x, dim, dt):
+    xv = E.convert(x, _acc(dt))
+    m = reduce(xv, [dim], "maximum", True)
+    sh = E.sub(xv, m)
+    e = E.unary("exponential", sh)
+    s = reduce(e, [dim], "add", True)
+    return sh, e, s
+
+
+@lowering("_softmax")
+def softmax(tr, x, dim, half_to_float):
+    dt = _meta(tr).dtype
+    dim = dim % max(x.rank, 1)
+    if x.rank == 0:
+        return E.const(x.fn, 1, dt)
+    _, e, s = _softmax_parts(x, dim, dt)
+    return E.convert(E.div(e, s), dt)
+
+
+@lowering("_log_softmax")
+def log_softmax(tr, x, dim, half_to_float):
+    dt = _meta(tr).dtype
+    dim = dim % max(x.rank, 1)
+    if x.rank == 0:
+        return E.const(x.fn, 0, dt)
+    sh, _, s = _softmax_parts(x, dim, dt)
+    return E.convert(E.sub(sh, E.unary("log", s)), dt)
+
+
+@lowering("_softmax_backward_data")
+def softmax_backward(tr, grad, y, dim, input_dtype):
+    dt = _meta(tr).dtype
+    g, yv = E.convert(grad, _acc(dt)), E.convert(y, _acc(dt))
+    gy = E.mul(g, yv)
+    return E.convert(E.sub(gy, E.mul(yv, reduce(gy, [dim % max(y.rank, 1)], "add", True))), dt)
+
+
+@lowering("_log_softmax_backward_data")
+def log_softmax_backward(tr, grad, y, dim, input_dtype):
+    dt = _meta(tr).dtype
+    g, yv = E.convert(grad, _acc(dt)), E.convert(y, _acc(dt))
+    s = reduce(g, [dim % max(y.rank, 1)], "add", True)
+    return E.convert(E.sub(g, E.mul(E.unary("exponential", yv), s)), dt)
+
+
+@lowering("native_layer_norm")
+def native_layer_norm(tr, x, normalized_shape, weight, bias, eps):
+    dt = x.dtype
+    acc = _acc(dt)
+    k = len(normalized_shape)
+    dims = list(range(x.rank - k, x.rank))
+    n = math.prod(normalized_shape)
+    xv = E.convert(x, acc)
+    mean = E.div(reduce(xv, dims, "add", True), E.const(x.fn, n, acc))
+    d = E.sub(xv, mean)
+    var = E.div(reduce(E.mul(d, d), dims, "add", True), E.const(x.fn, n, acc))
+    rstd = E.unary("rsqrt", E.add(var, tr.scalar(eps, acc)))
+    y = E.mul(d, rstd)
+    if weight is not None:
+        y = E.mul(y, E.convert(weight, acc))
+    if bias is not None:
+        y = E.add(y, E.convert(bias, acc))
+    stat_shape = _meta(tr, 1).shape
+    return E.convert(y, dt), E.convert(E.reshape(mean, stat_shape), _meta(tr, 1).dtype), \
+        E.convert(E.reshape(rstd, stat_shape), _meta(tr, 2).dtype)
+
+
+@lowering("native_layer_norm_backward")
+def native_layer_norm_backward(tr, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    dt = x.dtype
+    acc = _acc(dt)
+    k = len(normalized_shape)
+    axis = x.rank - k
+    inner = list(range(axis, x.rank))
+    outer = list(range(axis))
+    n = math.prod(normalized_shape)
+    xv, g = E.convert(x, acc), E.convert(grad, acc)
+    mean_b = E.broadcast_to(E.reshape(E.convert(mean, acc), [*x.shape[:axis]] + [1] * k), x.shape)
+    rstd_b = E.broadcast_to(E.reshape(E.convert(rstd, acc), [*x.shape[:axis]] + [1] * k), x.shape)
+    xhat = E.mul(E.sub(xv, mean_b), rstd_b)
+    gw = E.mul(g, E.convert(weight, acc)) if weight is not None else g
+    results = []
+    if output_mask[0]:
+        a = reduce(gw, inner, "add", True)
+        b = reduce(E.mul(gw, xhat), inner, "add", True)
+        nn_ = E.const(x.fn, n, acc)
+        dx = E.mul(E.div(rstd_b, nn_), E.sub(E.sub(E.mul(nn_, gw), a), E.mul(xhat, b)))
+        results.append(E.convert(dx, dt))
+    else:
+        results.append(E.const(x.fn, 0, dt, x.shape))
+    wshape = list(normalized_shape)
+    if output_mask[1] and weight is not None:
+        results.append(E.convert(E.reshape(reduce(E.mul(g, xhat), outer, "add", False), wshape), weight.dtype))
+    else:
+        results.append(E.const(x.fn, 0, dt, wshape))
+    if output_mask[2] and bias is not None:
+        results.append(E.convert(E.reshape(reduce(g, outer, "add", False), wshape), bias.dtype))
+    else:
+        results.append(E.const(x.fn, 0, dt, wshape))
+    return tuple(results)
+
+
+def _onehot_pick(x, target, dim_c):
+    """x[..., target, ...] along class dim dim_c, via compare with iota (no gather)."""
+    classes = E.iota(x.fn, x.shape, dim_c)
+    t_shape = list(x.shape)
+    tb = E.broadcast_in_dim(target, x.shape, [d for d in range(x.rank) if d != dim_c])
+    return E.compare(classes, E.convert(tb, torch.int64), "EQ")
+
+
+@lowering("nll_loss_forward")
+def nll_loss_forward(tr, x, target, weight, reduction, ignore_index):
+    dt = x.dtype
+    dim_c = 1 if x.rank >= 2 else 0
+    if x.rank == 1:
+        x = E.reshape(x, (1, x.shape[0]))
+        target = E.reshape(target, (1,))
+        dim_c = 1
+    hit = _onehot_pick(x, target, dim_c)
+    w = E.const(x.fn, 1, dt, x.shape) if weight is None else E.broadcast_in_dim(E.convert(weight, dt), x.shape, [dim_c])
+    valid = E.compare(target, E.const(x.fn, ignore_index, torch.int64, target.shape), "NE")
+    valid_b = E.broadcast_in_dim(valid, x.shape, [d for d in range(x.rank) if d != dim_c])
+    wsel = E.select(E.binary("and", hit, valid_b), w, E.const(x.fn, 0, dt, x.shape))
+    per = E.unary("negate", reduce(E.mul(x, wsel), [dim_c], "add", False))
+    wsum = reduce(wsel, list(range(x.rank)), "add", False)
+    if reduction == 0:
+        out = per if _meta(tr).shape == tuple(per.shape) else E.reshape(per, _meta(tr).shape)
+    elif reduction == 1:
+        out = E.div(reduce(per, list(range(per.rank)), "add", False), wsum)
+    else:
+        out = reduce(per, list(range(per.rank)), "add", False)
+    return out, E.reshape(wsum, ())
+
+
+@lowering("nll_loss_backward")
+def nll_loss_backward(tr, grad, x, target, weight, reduction, ignore_index, total_weight):
+    dt = x.dtype
+    orig_shape = x.shape
+    if x.rank == 1:
+        x = E.reshape(x, (1, x.shape[0]))
+        target = E.reshape(target, (1,))
+    dim_c = 1
+    hit = _onehot_pick(x, target, dim_c)
+    w = E.const(x.fn, 1, dt, x.shape) if weight is None else E.broadcast_in_dim(E.convert(weight, dt), x.shape, [dim_c])
+    valid = E.compare(target, E.const(x.fn, ignore_index, torch.int64, target.shape), "NE")
+    valid_b = E.broadcast_in_dim(valid, x.shape, [d for d in range(x.rank) if d != dim_c])
+    wsel = E.select(E.binary("and", hit, valid_b), w, E.const(x.fn, 0, dt, x.shape))
+    g = E.convert(grad, dt)
+    if reduction == 0:
+        gb = E.broadcast_in_dim(E.reshape(g, target.shape), x.shape, [d for d in range(x.rank) if d != dim_c])
+    else:
+        gb = E.broadcast_to(E.reshape(g, ()), x.shape)
+        if reduction == 1:
+            gb = E.div(gb, E.broadcast_to(E.reshape(E.convert(total_weight, dt), ()), x.shape))
+    return E.reshape(E.unary("negate", E.mul(wsel, gb)), orig_shape)

@@ -1,0 +1,100 @@
+"""Random ops from the tpu generator: counter-based Philox (seed, offset) as a runtime parameter,
+so streams are reproducible and identical in every mode."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import _C, runtime
+from .. import emit as E
+from ..registry import inplace_lowering
+
+
+def _state(tr, generator, numel):
+    seed, offset = _C._philox_advance(generator, tr.device_index, max(1, numel))
+    v = tr.fn.param((2,), torch.uint64)
+    tr.args.append(runtime.get().from_numpy(np.array([seed, offset], dtype=np.uint64), tr.device_index))
+    return v
+
+
+def uniform01(tr, generator, shape, dtype):
+    """Uniform [0, 1) in dtype (f64 from 52 random bits, everything else from 23-bit f32)."""
+    n = max(1, math.prod(shape))
+    st = _state(tr, generator, n)
+    if dtype == torch.float64:
+        _, bits = E.rng_bit_generator(st, shape, torch.uint64)
+        mant = E.binary("shift_right_logical", bits, E.const(tr.fn, 12, torch.uint64, shape))
+        one = E.binary("or", mant, E.const(tr.fn, 0x3FF0000000000000, torch.uint64, shape))
+        return E.sub(E.bitcast(one, torch.float64), E.const(tr.fn, 1.0, torch.float64, shape))
+    _, bits = E.rng_bit_generator(st, shape, torch.uint32)
+    mant = E.binary("shift_right_logical", bits, E.const(tr.fn, 9, torch.uint32, shape))
+    one = E.binary("or", mant, E.const(tr.fn, 0x3F800000, torch.uint32, shape))
+    u = E.sub(E.bitcast(one, torch.float32), E.const(tr.fn, 1.0, torch.float32, shape))
+    return u
+
+
+def _clamp_below(u, hi, lo):
+    """Rounding to a narrower float may reach the open upper bound: map it back to lo."""
+    return E.select(E.compare(u, hi, "GE"), lo, u)
+
+
+@inplace_lowering("uniform_")
+def uniform_(tr, x, from_=0.0, to=1.0, generator=None):
+    dt = x.dtype
+    u = uniform01(tr, generator, x.shape, dt)
+    ct = u.dtype
+    lo, hi = E.broadcast_to(tr.scalar(from_, ct), x.shape), E.broadcast_to(tr.scalar(to, ct), x.shape)
+    v = E.convert(E.add(lo, E.mul(u, E.sub(hi, lo))), dt)
+    return _clamp_below(v, E.convert(hi, dt), E.convert(lo, dt)) if dt != ct else v
+
+
+def normal01(tr, generator, shape, dtype):
+    """Box-Muller over two uniforms; computed in f32 (f64 for f64)."""
+    ct = torch.float64 if dtype == torch.float64 else torch.float32
+    n = max(1, math.prod(shape))
+    u = uniform01(tr, generator, (2, n), ct)
+    u1 = E.reshape(E.slice_(u, [0, 0], [1, n]), (n,))
+    u2 = E.reshape(E.slice_(u, [1, 0], [2, n]), (n,))
+    one = E.const(tr.fn, 1.0, ct, (n,))
+    r = E.unary("sqrt", E.mul(E.const(tr.fn, -2.0, ct, (n,)), E.unary("log", E.sub(one, u1))))
+    z = E.mul(r, E.unary("cosine", E.mul(E.const(tr.fn, 2 * math.pi, ct, (n,)), u2)))
+    return E.reshape(z, shape)
+
+
+@inplace_lowering("normal_")
+def normal_(tr, x, mean=0.0, std=1.0, generator=None):
+    z = normal01(tr, generator, x.shape, x.dtype)
+    ct = z.dtype
+    v = E.add(E.mul(z, E.broadcast_to(tr.scalar(std, ct), x.shape)), E.broadcast_to(tr.scalar(mean, ct), x.shape))
+    return E.convert(v, x.dtype)
+
+
+@inplace_lowering("bernoulli_.float")
+def bernoulli_float_(tr, x, p=0.5, generator=None):
+    u = uniform01(tr, generator, x.shape, torch.float32)
+    return E.convert(E.compare(u, E.broadcast_to(tr.scalar(p, torch.float32), x.shape), "LT"), x.dtype)
+
+
+@inplace_lowering("bernoulli_.Tensor")
+def bernoulli_tensor_(tr, x, p, generator=None):
+    ct = torch.float64 if p.dtype == torch.float64 else torch.float32
+    u = uniform01(tr, generator, x.shape, ct)
+    return E.convert(E.compare(u, E.broadcast_to(E.convert(p, ct), x.shape), "LT"), x.dtype)
+
+
+@inplace_lowering("random_.from")
+def random_from_(tr, x, from_, to=None, generator=None):
+    if to is None:
+        to = 2 ** 63 - 1 if x.dtype == torch.int64 else (2 ** (torch.finfo(x.dtype).nmant + 1) if x.dtype.is_floating_point else torch.iinfo(x.dtype).max + 1)
+    span = to - from_
+    u = uniform01(tr, generator, x.shape, torch.float64)
+    v = E.unary("floor", E.mul(u, E.const(tr.fn, float(span), torch.float64, x.shape)))
+    v = E.add(E.convert(v, torch.int64), E.broadcast_to(tr.scalar(from_, torch.int64), x.shape))
+    return E.convert(v, x.dtype)
+
+
+@inplace_lowering("random_.to")
+def random_to_(tr, x, to, generator=None):
+    return random_from_(tr, x, 0, to, generator)

@@ -1,0 +1,242 @@
+"""Reductions: sum/mean/prod, max/min (values, indices), argmax/argmin, var/std, any/all."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import emit as E
+from ..hlo import tensor_type
+from ..registry import lowering
+
+
+def _meta(tr, i=0):
+    return tr.out[i] if isinstance(tr.out, (tuple, list)) else tr.out
+
+
+def _dims(x, dim):
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.rank))
+    if isinstance(dim, int):
+        dim = [dim]
+    return sorted({d % max(x.rank, 1) for d in dim}) if x.rank else []
+
+
+def _keep(v, x, dims, keepdim):
+    if not keepdim:
+        return v
+    return E.reshape(v, [1 if i in dims else s for i, s in enumerate(x.shape)])
+
+
+def _init(fn, kind, dtype):
+    if kind == "add":
+        return E.const(fn, 0, dtype)
+    if kind == "multiply":
+        return E.const(fn, 1, dtype)
+    if kind in ("or", "and"):
+        return E.const(fn, kind == "and", torch.bool)
+    if dtype == torch.bool:
+        return E.const(fn, kind == "minimum", dtype)
+    if dtype.is_floating_point:
+        return E.const(fn, -math.inf if kind == "maximum" else math.inf, dtype)
+    info = torch.iinfo(dtype)
+    return E.const(fn, info.min if kind == "maximum" else info.max, dtype)
+
+
+def reduce(x, dims, kind, keepdim, dtype=None):
+    dt = dtype or x.dtype
+    acc = dt
+    if dt in (torch.float16, torch.bfloat16) and kind in ("add", "multiply"):
+        acc = torch.float32  # accumulate low-precision floats in f32, as CPU does
+    xv = E.convert(x, acc)
+    if kind in ("maximum", "minimum") and xv.dtype == torch.bool:
+        kind = "or" if kind == "maximum" else "and"
+        init = E.const(x.fn, kind == "and", torch.bool)
+    else:
+        init = _init(x.fn, kind, acc)
+    v = E.reduce(xv, init, dims, f"stablehlo.{kind}") if dims else xv
+    return _keep(E.convert(v, dt), x, dims, keepdim)
+
+
+@lowering("sum.dim_IntList")
+def sum_(tr, x, dim=None, keepdim=False, dtype=None):
+    return reduce(x, _dims(x, dim), "add", keepdim, _meta(tr).dtype)
+
+
+@lowering("sum.default")
+def sum_all(tr, x, dtype=None):
+    return reduce(x, _dims(x, None), "add", False, _meta(tr).dtype)
+
+
+@lowering("prod.dim_int")
+def prod(tr, x, dim, keepdim=False, dtype=None):
+    return reduce(x, _dims(x, dim), "multiply", keepdim, _meta(tr).dtype)
+
+
+@lowering("prod.default")
+def prod_all(tr, x, dtype=None):
+    return reduce(x, _dims(x, None), "multiply", False, _meta(tr).dtype)
+
+
+def _count(x, dims):
+    return math.prod(x.shape[d] for d in dims) if dims else 1
+
+
+@lowering("mean.dim")
+def mean(tr, x, dim=None, keepdim=False, dtype=None):
+    dt = _meta(tr).dtype
+    dims = _dims(x, dim)
+    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    s = reduce(x, dims, "add", keepdim, acc)
+    return E.convert(E.div(s, E.const(x.fn, _count(x, dims), acc, s.shape)), dt)
+
+
+@lowering("mean.default")
+def mean_all(tr, x, dtype=None):
+    return mean(tr, x, None, False, dtype)
+
+
+@lowering("amax")
+def amax(tr, x, dim=(), keepdim=False):
+    return reduce(x, _dims(x, dim), "maximum", keepdim)
+
+
+@lowering("amin")
+def amin(tr, x, dim=(), keepdim=False):
+    return reduce(x, _dims(x, dim), "minimum", keepdim)
+
+
+@lowering("max.default")
+def max_all(tr, x):
+    return reduce(x, _dims(x, None), "maximum", False)
+
+
+@lowering("min.default")
+def min_all(tr, x):
+    return reduce(x, _dims(x, None), "minimum", False)
+
+
+@lowering("any.default", "any.dim", "any.dims")
+def any_(tr, x, dim=None, keepdim=False):
+    return reduce(E.convert(x, torch.bool), _dims(x, dim), "or", keepdim, torch.bool)
+
+
+@lowering("all.default", "all.dim", "all.dims")
+def all_(tr, x, dim=None, keepdim=False):
+    return reduce(E.convert(x, torch.bool), _dims(x, dim), "and", keepdim, torch.bool)
+
+
+def arg_reduce(x, dim, keepdim, is_max):
+    """(values, int64 indices) along dim; NaN wins, ties take the smallest index (as on CPU)."""
+    fn = x.fn
+    if dim is None:
+        x = E.reshape(x, (x.numel,))
+        dim = 0
+    dim = dim % max(x.rank, 1)
+    if x.rank == 0:
+        return x, E.const(fn, 0, torch.int64)
+    idx = E.iota(fn, x.shape, dim)
+    t = tensor_type((), x.dtype)
+    it = tensor_type((), torch.int64)
+    it1 = tensor_type((), torch.bool)
+    direction = "GT" if is_max else "LT"
+    kind = "FLOAT" if x.dtype.is_floating_point else ("UNSIGNED" if x.dtype in (torch.bool, torch.uint8) else "SIGNED")
+    cmp = lambda a, b, d: f'"stablehlo.compare"({a}, {b}) {{comparison_direction = #stablehlo<comparison_direction {d}>, compare_type = #stablehlo<comparison_type {kind}>}} : ({t}, {t}) -> {it1}'  # noqa: E731
+    icmp = f'"stablehlo.compare"(%ai, %bi) {{comparison_direction = #stablehlo<comparison_direction LT>, compare_type = #stablehlo<comparison_type SIGNED>}} : ({it}, {it}) -> {it1}'
+    body = [
+        f"%better = {cmp('%bv', '%av', direction)}",
+        f"%eq = {cmp('%bv', '%av', 'EQ')}",
+        f"%bnan = {cmp('%bv', '%bv', 'NE')}" if x.dtype.is_floating_point else f"%bnan = {cmp('%bv', '%bv', 'NE')}",
+        f"%anan = {cmp('%av', '%av', 'NE')}",
+        f'%notanan = "stablehlo.not"(%anan) : ({it1}) -> {it1}',
+        f'%bnan2 = "stablehlo.and"(%bnan, %notanan) : ({it1}, {it1}) -> {it1}',
+        f"%ilt = {icmp}",
+        f'%tie = "stablehlo.and"(%eq, %ilt) : ({it1}, {it1}) -> {it1}',
+        f'%bothnan = "stablehlo.and"(%bnan, %anan) : ({it1}, {it1}) -> {it1}',
+        f'%tie2 = "stablehlo.and"(%bothnan, %ilt) : ({it1}, {it1}) -> {it1}',
+        f'%c1 = "stablehlo.or"(%better, %tie) : ({it1}, {it1}) -> {it1}',
+        f'%c2 = "stablehlo.or"(%c1, %bnan2) : ({it1}, {it1}) -> {it1}',
+        f'%c3 = "stablehlo.or"(%c2, %tie2) : ({it1}, {it1}) -> {it1}',
+        f'%rv = "stablehlo.select"(%c3, %bv, %av) : ({it1}, {t}, {t}) -> {t}',
+        f'%ri = "stablehlo.select"(%c3, %bi, %ai) : ({it1}, {it}, {it}) -> {it}',
+        f'"stablehlo.return"(%rv, %ri) : ({t}, {it}) -> ()',
+    ]
+    init_v = _init(fn, "minimum" if is_max else "maximum", x.dtype) if x.dtype != torch.bool else E.const(fn, not is_max, torch.bool)
+    init_i = E.const(fn, 0, torch.int64)
+    v, i = E.reduce_multi([x, idx], [init_v, init_i], [dim], body, ["%av", "%ai", "%bv", "%bi"])
+    if keepdim:
+        shape = [1 if d == dim else s for d, s in enumerate(x.shape)]
+        v, i = E.reshape(v, shape), E.reshape(i, shape)
+    return v, i
+
+
+@lowering("max.dim")
+def max_dim(tr, x, dim, keepdim=False):
+    return arg_reduce(x, dim, keepdim, True)
+
+
+@lowering("min.dim")
+def min_dim(tr, x, dim, keepdim=False):
+    return arg_reduce(x, dim, keepdim, False)
+
+
+@lowering("argmax")
+def argmax(tr, x, dim=None, keepdim=False):
+    v, i = arg_reduce(x, dim, keepdim if dim is not None else False, True)
+    if dim is None and keepdim:
+        i = E.reshape(i, [1] * x.rank)
+    return i
+
+
+@lowering("argmin")
+def argmin(tr, x, dim=None, keepdim=False):
+    v, i = arg_reduce(x, dim, keepdim if dim is not None else False, False)
+    if dim is None and keepdim:
+        i = E.reshape(i, [1] * x.rank)
+    return i
+
+
+def _var(x, dims, correction, keepdim, dt):
+    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    xv = E.convert(x, acc)
+    n = _count(x, dims)
+    s = reduce(xv, dims, "add", True, acc)
+    mean = E.div(s, E.const(x.fn, n, acc, s.shape))
+    d = E.sub(xv, mean)
+    ss = reduce(E.mul(d, d), dims, "add", keepdim, acc)
+    denom = max(n - (1 if correction is None else correction), 0)
+    var = E.div(ss, E.const(x.fn, denom, acc, ss.shape))
+    return var, (mean if keepdim else E.reshape(mean, ss.shape)), acc
+
+
+@lowering("var.correction")
+def var(tr, x, dim=None, correction=None, keepdim=False):
+    dt = _meta(tr).dtype
+    v, _, _ = _var(x, _dims(x, dim), correction, keepdim, dt)
+    return E.convert(v, dt)
+
+
+@lowering("std.correction")
+def std(tr, x, dim=None, correction=None, keepdim=False):
+    dt = _meta(tr).dtype
+    v, _, _ = _var(x, _dims(x, dim), correction, keepdim, dt)
+    return E.convert(E.unary("sqrt", v), dt)
+
+
+@lowering("var_mean.correction")
+def var_mean(tr, x, dim=None, correction=None, keepdim=False):
+    dt = _meta(tr).dtype
+    v, m, _ = _var(x, _dims(x, dim), correction, keepdim, dt)
+    return E.convert(v, dt), E.convert(m, dt)
+
+
+@lowering("logsumexp")
+def logsumexp(tr, x, dim, keepdim=False):
+    dt = _meta(tr).dtype
+    dims = _dims(x, dim)
+    xv = E.convert(x, dt)
+    m = reduce(xv, dims, "maximum", True)
+    m = E.select(E.compare(E.unary("abs", m), E.const(x.fn, math.inf, dt, m.shape), "EQ"), E.const(x.fn, 0, dt, m.shape), m)
+    s = reduce(E.unary("exponential", E.sub(xv, m)), dims, "add", True)
+    r = E.add(E.unary("log", s), m)
+    return r if keepdim else E.reshape(r, _meta(tr).shape)
