@@ -51,6 +51,9 @@ def inplace_lowering(*names):
     return deco
 
 
+PREPROCESS: dict[str, Callable] = {}  # functional op name -> (args, kwargs) -> (args, kwargs), run before meta
+
+
 def direct(*names):
     def deco(fn):
         for n in names:
@@ -140,9 +143,12 @@ def _run_rule(opname, rule, args, kwargs, fmeta, dev):
 # -- kernels derived from a rule ------------------------------------------------------------------
 def functional_kernel(opname, rule):
     op = _overload(opname)
+    pre = PREPROCESS.get(opname)
 
     def kernel(*args, **kwargs):
         metrics.inc("op." + opname)
+        if pre is not None:
+            args, kwargs = pre(args, kwargs)
         dev = _device_index(opname, args, kwargs)
         X.drain()
         fmeta = meta(op, opname, args, kwargs)
@@ -159,9 +165,12 @@ def functional_kernel(opname, rule):
 
 def inplace_kernel(opname, fname, rule):
     op, fop = _overload(opname), _overload(fname)
+    pre = PREPROCESS.get(fname)
 
     def kernel(*args, **kwargs):
         metrics.inc("op." + opname)
+        if pre is not None:
+            args, kwargs = pre(args, kwargs)
         dev = _device_index(opname, args, kwargs)
         X.drain()
         fmeta = meta(op, opname, args, kwargs)  # in-place: shapes must not grow, dtypes must cast
@@ -177,9 +186,12 @@ def inplace_kernel(opname, fname, rule):
 
 def out_kernel(opname, fname, rule, out_names):
     op, fop = _overload(opname), _overload(fname)
+    pre = PREPROCESS.get(fname)
 
     def kernel(*args, **kwargs):
         metrics.inc("op." + opname)
+        if pre is not None:
+            args, kwargs = pre(args, kwargs)
         dev = _device_index(opname, args, kwargs)
         X.drain()
         meta(op, opname, args, kwargs)

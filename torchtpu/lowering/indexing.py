@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import emit as E
-from ..registry import lowering
+from ..registry import PREPROCESS, inplace_lowering, lowering
 
 
 def _meta(tr, i=0):
@@ -106,17 +106,9 @@ def _advanced(x, indices):
     return xt, perm, pos, stacked, bshape
 
 
-def _bool_to_long(tr, indices):
-    for i in indices:
-        if i is not None and i.dtype in (torch.bool, torch.uint8):
-            raise NotImplementedError("boolean mask indices")
-    return indices
-
-
 @lowering("index.Tensor")
 def index(tr, x, indices):
     indices = list(indices) + [None] * (x.rank - len(indices))
-    _bool_to_long(tr, indices)
     xt, perm, pos, stacked, bshape = _advanced(x, indices)
     k = len(pos)
     rest_sizes = list(xt.shape[k:])
@@ -136,7 +128,6 @@ def index(tr, x, indices):
 @lowering("index_put")
 def index_put(tr, x, indices, values, accumulate=False):
     indices = list(indices) + [None] * (x.rank - len(indices))
-    _bool_to_long(tr, indices)
     xt, perm, pos, stacked, bshape = _advanced(x, indices)
     k = len(pos)
     rest_sizes = list(xt.shape[k:])
@@ -181,3 +172,49 @@ def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_
     zeros = E.const(tr.fn, 0, acc, (num_weights, d))
     out = E.scatter(zeros, E.reshape(idx, (n, 1)), E.convert(g, acc), [1], [0], [0], 1, "stablehlo.add")
     return E.convert(out, grad.dtype)
+
+
+# -- data-dependent output shapes: the host learns the size (a counted host sync) -------------------
+from .. import executor as _X  # noqa: E402
+from .. import metrics as _metrics  # noqa: E402
+from ..registry import direct  # noqa: E402
+
+
+@direct("nonzero")
+def nonzero(self):
+    _metrics.inc("op.nonzero")
+    idx = torch.nonzero(_X.read_host(self, "nonzero"))
+    return idx.to(self.device)
+
+
+@direct("masked_select")
+def masked_select(self, mask):
+    _metrics.inc("op.masked_select")
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    m = _X.read_host(mask.expand(shape) if mask.device.type == "tpu" else mask.expand(shape).to(self.device), "masked_select")
+    flat_idx = torch.nonzero(m.reshape(-1)).reshape(-1).to(self.device)
+    return self.expand(shape).reshape(-1).index_select(0, flat_idx)
+
+
+def _masks_to_indices(args, kwargs):
+    """Boolean mask indices become the long indices of their true elements (a host sync, as on cuda)."""
+    x, indices, *rest = args
+    if not any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
+        return args, kwargs
+    out = []
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            out.extend(nonzero(i).unbind(1))
+        else:
+            out.append(i)
+    return (x, out, *rest), kwargs
+
+
+PREPROCESS["index.Tensor"] = _masks_to_indices
+PREPROCESS["index_put"] = _masks_to_indices
+PREPROCESS["_index_put_impl_"] = _masks_to_indices
+
+
+@inplace_lowering("_index_put_impl_")
+def index_put_impl_(tr, x, indices, values, accumulate=False, unsafe=False):
+    return index_put(tr, x, indices, values, accumulate)

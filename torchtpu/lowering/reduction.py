@@ -142,7 +142,7 @@ def arg_reduce(x, dim, keepdim, is_max):
     direction = "GT" if is_max else "LT"
     kind = "FLOAT" if x.dtype.is_floating_point else ("UNSIGNED" if x.dtype in (torch.bool, torch.uint8) else "SIGNED")
     cmp = lambda a, b, d: f'"stablehlo.compare"({a}, {b}) {{comparison_direction = #stablehlo<comparison_direction {d}>, compare_type = #stablehlo<comparison_type {kind}>}} : ({t}, {t}) -> {it1}'  # noqa: E731
-    icmp = f'"stablehlo.compare"(%ai, %bi) {{comparison_direction = #stablehlo<comparison_direction LT>, compare_type = #stablehlo<comparison_type SIGNED>}} : ({it}, {it}) -> {it1}'
+    icmp = f'"stablehlo.compare"(%bi, %ai) {{comparison_direction = #stablehlo<comparison_direction LT>, compare_type = #stablehlo<comparison_type SIGNED>}} : ({it}, {it}) -> {it1}'
     body = [
         f"%better = {cmp('%bv', '%av', direction)}",
         f"%eq = {cmp('%bv', '%av', 'EQ')}",
@@ -161,7 +161,7 @@ def arg_reduce(x, dim, keepdim, is_max):
         f'%ri = "stablehlo.select"(%c3, %bi, %ai) : ({it1}, {it}, {it}) -> {it}',
         f'"stablehlo.return"(%rv, %ri) : ({t}, {it}) -> ()',
     ]
-    init_v = _init(fn, "minimum" if is_max else "maximum", x.dtype) if x.dtype != torch.bool else E.const(fn, not is_max, torch.bool)
+    init_v = _init(fn, "maximum" if is_max else "minimum", x.dtype) if x.dtype != torch.bool else E.const(fn, not is_max, torch.bool)
     init_i = E.const(fn, 0, torch.int64)
     v, i = E.reduce_multi([x, idx], [init_v, init_i], [dim], body, ["%av", "%ai", "%bv", "%bi"])
     if keepdim:

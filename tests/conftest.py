@@ -1,0 +1,28 @@
+import pytest
+import torch
+
+import torchtpu  # noqa: F401  (registers the "tpu" device)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_metrics():
+    torchtpu.metrics.reset()
+    yield
+
+
+def to_tpu(x):
+    return x.to("tpu") if isinstance(x, torch.Tensor) else x
+
+
+def assert_same(cpu_val, tpu_val, rtol=1.3e-6, atol=1e-5):
+    """tpu result equals the CPU one: same shape, dtype, values (NaN where CPU has NaN)."""
+    if isinstance(cpu_val, (tuple, list)):
+        assert len(cpu_val) == len(tpu_val)
+        for a, b in zip(cpu_val, tpu_val):
+            assert_same(a, b, rtol, atol)
+        return
+    if not isinstance(cpu_val, torch.Tensor):
+        assert cpu_val == tpu_val
+        return
+    assert tpu_val.device.type == "tpu", tpu_val.device
+    torch.testing.assert_close(tpu_val.cpu(), cpu_val, rtol=rtol, atol=atol, equal_nan=True)
