@@ -81,9 +81,9 @@ def test_resize_keeps_prefix_and_set_():
     x.resize_(4, 3)
     assert_same(x[:2], t[:2])
     s = torch.empty(0, device="tpu")
-    s.set_(t.untyped_storage(), 3, (2, 2), (1, 2))
+    s.set_(t.untyped_storage(), 1, (2, 2), (1, 2))
     sc = torch.empty(0)
-    sc.set_(x.untyped_storage(), 3, (2, 2), (1, 2))
+    sc.set_(x.untyped_storage(), 1, (2, 2), (1, 2))
     assert_same(sc, s)
     s.fill_(-1)  # writes through set_ are seen by the tensor sharing the storage
     sc.fill_(-1)

@@ -7,6 +7,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+
+def _autoload():
+    """Entry point for torch.backends autoload: importing this module does the work.
+
+    NOTE: defined before `import torch`, because that import may itself autoload us.
+    """
+
 import atexit
 
 import torch
@@ -37,10 +44,6 @@ atexit.register(_C._clear_synchronize_callback)
 def sync() -> None:
     """Waits for every queued tpu op (and, in fused mode, cuts the pending graph)."""
     _sync()
-
-
-def _autoload():
-    """Entry point for torch.backends autoload: importing this module did the work."""
 
 
 __all__ = ["get_mode", "set_mode", "mode", "metrics", "sync"]

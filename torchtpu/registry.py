@@ -176,6 +176,9 @@ def inplace_kernel(opname, fname, rule):
         fmeta = meta(op, opname, args, kwargs)  # in-place: shapes must not grow, dtypes must cast
         if fop is not op:
             fmeta = meta(fop, opname, args, kwargs)
+            res_dtype = _as_tuple(fmeta)[0].dtype
+            if not torch.can_cast(res_dtype, args[0].dtype):
+                raise op_error(opname, args, kwargs, f"result type {res_dtype} can't be cast to the desired output type {args[0].dtype}")
         tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
         tr.write(args[0], vals[0])
         X.launch(tr)

@@ -1,0 +1,92 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+
+
+# -- cache -------------------------------------------------------------------------------------
+def test_second_identical_call_compiles_nothing():
+    x = torch.randn(7, 3, device="tpu")
+    (x * 3.25).sum(0)
+    before = torchtpu.metrics.counters()
+    (x * 3.25).sum(0)
+    after = torchtpu.metrics.counters()
+    assert after["compiles"] == before["compiles"]
+    assert after["cache_hits.memory"] > before.get("cache_hits.memory", 0)
+
+
+def test_changed_scalar_compiles_nothing():
+    x = torch.randn(7, 3, device="tpu")
+    y = torch.randn(7, 3, device="tpu")
+    x.mul_(0.1)
+    x.add_(y, alpha=0.5)
+    c0 = torchtpu.metrics.counters().get("compiles", 0)
+    for lr in (0.2, 0.3, 1e-4, 0.123):  # every value is new: a runtime parameter, not a constant
+        x.mul_(lr)
+        x.add_(y, alpha=-lr)
+    assert torchtpu.metrics.counters().get("compiles", 0) == c0
+
+
+# -- fallback ---------------------------------------------------------------------------------
+def test_fallback_is_counted_and_correct():
+    x = torch.tensor([3.0, -1.0, 2.0, 7.0, 0.5])
+    with pytest.warns(UserWarning, match="median"):
+        y = torch.median(x.to("tpu"))  # median has neither a rule nor a decomposition yet
+    assert y.device.type == "tpu"
+    assert torch.equal(y.cpu(), torch.median(x))
+    c = torchtpu.metrics.counters()
+    assert c["fallback.median"] == 1
+    assert "CPU fallbacks: 1" in torchtpu.metrics.report()
+
+
+def test_decomposition_is_counted():
+    x = torch.arange(5.0)
+    y = torch.cumsum(x.to("tpu"), 0)  # no rule yet, but PyTorch decomposes it into lowered ops
+    assert torch.equal(y.cpu(), torch.cumsum(x, 0))
+    assert torchtpu.metrics.counters()["decomposed.cumsum.out"] == 1
+
+
+def test_fallback_error_policy():
+    code = "import torch, torchtpu\ntorch.median(torch.ones(3, device='tpu'))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TORCHTPU_FALLBACK="error"))
+    assert out.returncode != 0 and "median" in out.stderr and "TORCHTPU_FALLBACK=error" in out.stderr
+
+
+def test_fallback_inplace_writes_back():
+    x = torch.zeros(5)
+    idx, src = torch.tensor([0, 3]), torch.tensor([1.5, -2.0])
+    t = x.to("tpu")
+    t.put_(idx.to("tpu"), src.to("tpu"))  # no rule: CPU fallback mutates, result must land in the tpu tensor
+    x.put_(idx, src)
+    assert torch.equal(t.cpu(), x)
+    assert torchtpu.metrics.counters()["fallback.put_"] == 1
+
+
+# -- bad input -----------------------------------------------------------------------------------
+def test_shape_mismatch_names_op_and_shapes():
+    with pytest.raises(RuntimeError) as e:
+        torch.randn(3, 4, device="tpu") @ torch.randn(5, 2, device="tpu")
+    assert "mm" in str(e.value) and "float32[3, 4]" in str(e.value) and "float32[5, 2]" in str(e.value)
+
+
+def test_dtype_mismatch_is_an_error():
+    with pytest.raises(RuntimeError) as e:
+        torch.mm(torch.randn(2, 2, device="tpu"), torch.ones(2, 2, device="tpu", dtype=torch.float64))
+    assert "mm" in str(e.value) and "float64" in str(e.value)
+    with pytest.raises(RuntimeError, match="can't be cast|result type|not possible"):
+        torch.ones(2, device="tpu", dtype=torch.int64).add_(torch.ones(2, device="tpu") * 0.5)
+
+
+def test_two_devices_is_an_error():
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+
+
+def test_out_of_range_index_is_an_error_not_a_crash():
+    with pytest.raises((RuntimeError, IndexError)):
+        torch.ones(3, device="tpu")[5]
