@@ -141,16 +141,22 @@ def _run_rule(opname, rule, args, kwargs, fmeta, dev):
 
 
 # -- kernels derived from a rule ------------------------------------------------------------------
+def _prologue(opname, pre, args, kwargs):
+    """Counts the op, applies its argument preprocessing, finds its device, applies storage events."""
+    metrics.inc("op." + opname)
+    if pre is not None:
+        args, kwargs = pre(args, kwargs)
+    dev = _device_index(opname, args, kwargs)
+    X.drain()
+    return args, kwargs, dev
+
+
 def functional_kernel(opname, rule):
     op = _overload(opname)
     pre = PREPROCESS.get(opname)
 
     def kernel(*args, **kwargs):
-        metrics.inc("op." + opname)
-        if pre is not None:
-            args, kwargs = pre(args, kwargs)
-        dev = _device_index(opname, args, kwargs)
-        X.drain()
+        args, kwargs, dev = _prologue(opname, pre, args, kwargs)
         fmeta = meta(op, opname, args, kwargs)
         tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
         metas = _as_tuple(fmeta)
@@ -168,11 +174,7 @@ def inplace_kernel(opname, fname, rule):
     pre = PREPROCESS.get(fname)
 
     def kernel(*args, **kwargs):
-        metrics.inc("op." + opname)
-        if pre is not None:
-            args, kwargs = pre(args, kwargs)
-        dev = _device_index(opname, args, kwargs)
-        X.drain()
+        args, kwargs, dev = _prologue(opname, pre, args, kwargs)
         fmeta = meta(op, opname, args, kwargs)  # in-place: shapes must not grow, dtypes must cast
         if fop is not op:
             fmeta = meta(fop, opname, args, kwargs)
@@ -192,11 +194,7 @@ def out_kernel(opname, fname, rule, out_names):
     pre = PREPROCESS.get(fname)
 
     def kernel(*args, **kwargs):
-        metrics.inc("op." + opname)
-        if pre is not None:
-            args, kwargs = pre(args, kwargs)
-        dev = _device_index(opname, args, kwargs)
-        X.drain()
+        args, kwargs, dev = _prologue(opname, pre, args, kwargs)
         meta(op, opname, args, kwargs)
         outs = [kwargs.pop(n) for n in out_names]
         fmeta = meta(fop, opname, args, kwargs)

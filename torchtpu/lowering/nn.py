@@ -189,12 +189,17 @@ def native_layer_norm_backward(tr, grad, x, normalized_shape, mean, rstd, weight
     return tuple(results)
 
 
-def _onehot_pick(x, target, dim_c):
-    """x[..., target, ...] along class dim dim_c, via compare with iota (no gather)."""
+def _nll_weights(x, target, weight, ignore_index, dim_c):
+    """Per-element weight of x in the loss: the class weight where class == target (an iota compare,
+    no gather) and target != ignore_index, else 0."""
+    dt = x.dtype
+    others = [d for d in range(x.rank) if d != dim_c]
     classes = E.iota(x.fn, x.shape, dim_c)
-    t_shape = list(x.shape)
-    tb = E.broadcast_in_dim(target, x.shape, [d for d in range(x.rank) if d != dim_c])
-    return E.compare(classes, E.convert(tb, torch.int64), "EQ")
+    hit = E.compare(classes, E.convert(E.broadcast_in_dim(target, x.shape, others), torch.int64), "EQ")
+    w = E.const(x.fn, 1, dt, x.shape) if weight is None else E.broadcast_in_dim(E.convert(weight, dt), x.shape, [dim_c])
+    valid = E.compare(target, E.const(x.fn, ignore_index, torch.int64, target.shape), "NE")
+    keep = E.binary("and", hit, E.broadcast_in_dim(valid, x.shape, others))
+    return E.select(keep, w, E.const(x.fn, 0, dt, x.shape))
 
 
 @lowering("nll_loss_forward")
@@ -205,11 +210,7 @@ def nll_loss_forward(tr, x, target, weight, reduction, ignore_index):
         x = E.reshape(x, (1, x.shape[0]))
         target = E.reshape(target, (1,))
         dim_c = 1
-    hit = _onehot_pick(x, target, dim_c)
-    w = E.const(x.fn, 1, dt, x.shape) if weight is None else E.broadcast_in_dim(E.convert(weight, dt), x.shape, [dim_c])
-    valid = E.compare(target, E.const(x.fn, ignore_index, torch.int64, target.shape), "NE")
-    valid_b = E.broadcast_in_dim(valid, x.shape, [d for d in range(x.rank) if d != dim_c])
-    wsel = E.select(E.binary("and", hit, valid_b), w, E.const(x.fn, 0, dt, x.shape))
+    wsel = _nll_weights(x, target, weight, ignore_index, dim_c)
     per = E.unary("negate", reduce(E.mul(x, wsel), [dim_c], "add", False))
     wsum = reduce(wsel, list(range(x.rank)), "add", False)
     if reduction == 0:
@@ -229,11 +230,7 @@ def nll_loss_backward(tr, grad, x, target, weight, reduction, ignore_index, tota
         x = E.reshape(x, (1, x.shape[0]))
         target = E.reshape(target, (1,))
     dim_c = 1
-    hit = _onehot_pick(x, target, dim_c)
-    w = E.const(x.fn, 1, dt, x.shape) if weight is None else E.broadcast_in_dim(E.convert(weight, dt), x.shape, [dim_c])
-    valid = E.compare(target, E.const(x.fn, ignore_index, torch.int64, target.shape), "NE")
-    valid_b = E.broadcast_in_dim(valid, x.shape, [d for d in range(x.rank) if d != dim_c])
-    wsel = E.select(E.binary("and", hit, valid_b), w, E.const(x.fn, 0, dt, x.shape))
+    wsel = _nll_weights(x, target, weight, ignore_index, dim_c)
     g = E.convert(grad, dt)
     if reduction == 0:
         gb = E.broadcast_in_dim(E.reshape(g, target.shape), x.shape, [d for d in range(x.rank) if d != dim_c])

@@ -180,20 +180,19 @@ def min_dim(tr, x, dim, keepdim=False):
     return arg_reduce(x, dim, keepdim, False)
 
 
+def _arg_index(x, dim, keepdim, is_max):
+    _, i = arg_reduce(x, dim, keepdim if dim is not None else False, is_max)
+    return E.reshape(i, [1] * x.rank) if dim is None and keepdim else i
+
+
 @lowering("argmax")
 def argmax(tr, x, dim=None, keepdim=False):
-    v, i = arg_reduce(x, dim, keepdim if dim is not None else False, True)
-    if dim is None and keepdim:
-        i = E.reshape(i, [1] * x.rank)
-    return i
+    return _arg_index(x, dim, keepdim, True)
 
 
 @lowering("argmin")
 def argmin(tr, x, dim=None, keepdim=False):
-    v, i = arg_reduce(x, dim, keepdim if dim is not None else False, False)
-    if dim is None and keepdim:
-        i = E.reshape(i, [1] * x.rank)
-    return i
+    return _arg_index(x, dim, keepdim, False)
 
 
 def _var(x, dims, correction, keepdim, dt):
