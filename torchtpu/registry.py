@@ -75,9 +75,8 @@ def _is_tpu(x):
 # -- argument handling ---------------------------------------------------------------------------
 def _device_index(opname, args, kwargs) -> int:
     """The tpu device of the op; rejects tensors on two devices (0-d CPU tensors are scalars, as on cuda)."""
-    flat, _ = tree_flatten((args, kwargs))
     dev = None
-    for x in flat:
+    for x in _flat(args, kwargs):
         if isinstance(x, torch.Tensor):
             if x.device.type == "tpu":
                 if dev is None:
@@ -92,6 +91,14 @@ def _device_index(opname, args, kwargs) -> int:
     return dev.index or 0
 
 
+def _flat(args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
 def _to_meta(x):
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
@@ -102,12 +109,60 @@ def _to_meta(x):
     return x
 
 
+def _map(fn, args, kwargs):
+    """tree_map for ATen arguments (values, or lists/tuples of them): much cheaper than pytree."""
+
+    def one(x):
+        return type(x)(fn(v) for v in x) if isinstance(x, (list, tuple)) else fn(x)
+
+    return [one(a) for a in args], {k: one(v) for k, v in kwargs.items()}
+
+
+# Output metadata per argument signature: the meta kernels are Python refs for many ops and cost more
+# than the rest of a launch. Floats enter the key by type only (they never shape an output), except for
+# ops whose output shape comes from float values.
+_META_CACHE: dict = {}
+_META_CACHE_MAX = 16384
+_FLOATS_SHAPE_OUTPUT = {"arange.start_step"}
+
+
+def _sig_one(x, floats_by_value):
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.stride(), x.dtype, x.device.type)
+    if isinstance(x, float) and not floats_by_value:
+        return float
+    if isinstance(x, torch.Generator):
+        return torch.Generator
+    return x
+
+
+def _signature(opname, args, kwargs):
+    fv = opname in _FLOATS_SHAPE_OUTPUT
+
+    def one(x):
+        return tuple(_sig_one(v, fv) for v in x) if isinstance(x, (list, tuple)) else _sig_one(x, fv)
+
+    return (opname, tuple(one(a) for a in args), tuple((k, one(v)) for k, v in kwargs.items()))
+
+
 def meta(op, opname, args, kwargs):
-    margs, mkwargs = tree_map(_to_meta, (args, kwargs))
+    key = _signature(opname, args, kwargs)
     try:
-        return op(*margs, **mkwargs)
+        hit = _META_CACHE.get(key)
+    except TypeError:  # an unhashable argument: no caching
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    margs, mkwargs = _map(_to_meta, args, kwargs)
+    try:
+        out = op(*margs, **mkwargs)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise op_error(opname, args, kwargs, e) from None
+    if key is not None:
+        if len(_META_CACHE) >= _META_CACHE_MAX:
+            _META_CACHE.clear()
+        _META_CACHE[key] = out
+    return out
 
 
 def _values(tr, args, kwargs):
@@ -116,7 +171,7 @@ def _values(tr, args, kwargs):
             return tr.read(x) if x.device.type == "tpu" else tr.host(x)
         return x
 
-    return tree_map(conv, (args, kwargs))
+    return _map(conv, args, kwargs)
 
 
 def _as_tuple(x):
