@@ -51,6 +51,7 @@ def inplace_lowering(*names):
     return deco
 
 
+FOREACH: dict[str, Callable] = {}  # _foreach_* rules generated from element rules (lowering/foreach.py)
 PREPROCESS: dict[str, Callable] = {}  # functional op name -> (args, kwargs) -> (args, kwargs), run before meta
 
 
@@ -219,7 +220,9 @@ def functional_kernel(opname, rule):
         for o, v in zip(outs, vals):
             tr.write(o, v)
         X.launch(tr)
-        return tuple(outs) if isinstance(fmeta, (tuple, list)) else outs[0]
+        if isinstance(fmeta, list):  # Tensor[] results
+            return outs
+        return tuple(outs) if isinstance(fmeta, tuple) else outs[0]
 
     return kernel
 
@@ -233,10 +236,16 @@ def inplace_kernel(opname, fname, rule):
         fmeta = meta(op, opname, args, kwargs)  # in-place: shapes must not grow, dtypes must cast
         if fop is not op:
             fmeta = meta(fop, opname, args, kwargs)
-            res_dtype = _as_tuple(fmeta)[0].dtype
-            if not torch.can_cast(res_dtype, args[0].dtype):
-                raise op_error(opname, args, kwargs, f"result type {res_dtype} can't be cast to the desired output type {args[0].dtype}")
+            selfs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            for t, m in zip(selfs, _as_tuple(fmeta)):
+                if not torch.can_cast(m.dtype, t.dtype):
+                    raise op_error(opname, args, kwargs, f"result type {m.dtype} can't be cast to the desired output type {t.dtype}")
         tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
+        if isinstance(args[0], (list, tuple)):  # _foreach_*_: every tensor of the list; returns nothing
+            for t, v in zip(args[0], vals):
+                tr.write(t, v)
+            X.launch(tr)
+            return None
         tr.write(args[0], vals[0])
         X.launch(tr)
         return args[0]
@@ -301,6 +310,11 @@ def register_all():
         _impl(name, fn)
     for name, rule in INPLACE_RULES.items():
         _impl(name, inplace_kernel(name, name, rule))
+    for name, rule in FOREACH.items():
+        _impl(name, functional_kernel(name, rule))
+        inplace, _ = _variants(name)
+        if inplace:
+            _impl(inplace, inplace_kernel(inplace, name, rule))
     for name, rule in RULES.items():
         _impl(name, functional_kernel(name, rule))
         inplace, outs = _variants(name)
