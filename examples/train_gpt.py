@@ -75,10 +75,11 @@ def train(device, steps, mode=None, dropout=True):
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    losses, t_steps = [], []
+    losses, t_steps, compiles = [], [], []
     ctx = torchtpu.mode(mode) if mode else _nullcontext()
     with ctx:
         for x, y in batches(steps, 16, 32, 64):
+            c0 = torchtpu.metrics.counters().get("compiles", 0)
             t0 = time.perf_counter()
             x, y = x.to(device), y.to(device)
             loss = model(x, y)
@@ -88,6 +89,8 @@ def train(device, steps, mode=None, dropout=True):
             sched.step()
             losses.append(loss.item())
             t_steps.append(time.perf_counter() - t0)
+            compiles.append(torchtpu.metrics.counters().get("compiles", 0) - c0)
+    train.compiles = compiles
     return losses, t_steps
 
 
@@ -106,11 +109,11 @@ def main():
     print(f"torchtpu {torchtpu.__version__} on {torch.tpu.get_device_name()}")
     runs = {"cpu": train("cpu", args.steps, dropout=False)}
     modes = ["strict", "debug"]
+    compiles = {}
+    torchtpu.metrics.reset()
     for m in modes:
-        torchtpu.metrics.reset()
         runs[m] = train("tpu", args.steps, mode=m, dropout=False)
-        if m == "strict":
-            first_step = dict(torchtpu.metrics.counters())
+        compiles[m] = train.compiles
     print(f"\n{'step':>4} " + " ".join(f"{k:>12}" for k in runs))
     for i in range(args.steps):
         print(f"{i:>4} " + " ".join(f"{runs[k][0][i]:>12.6f}" for k in runs))
@@ -122,20 +125,11 @@ def main():
         steady = sorted(ts[1:])[len(ts[1:]) // 2]
         print(f"median step time {k:>6}: {steady * 1e3:8.1f} ms (first step {ts[0] * 1e3:.0f} ms)")
     print("fused mode: not implemented yet (its own issue)")
-
-    # Metrics of a strict run, split at the first step: nothing compiles after it.
-    torchtpu.metrics.reset()
-    train("tpu", 1, mode="strict")
-    after_one = torchtpu.metrics.counters().get("compiles", 0)
-    torchtpu.metrics.reset()
-    _, _ = train("tpu", args.steps, mode="strict")
-    c = torchtpu.metrics.counters()
-    print(f"\ncompiles in a fresh {args.steps}-step strict run after the first run warmed the cache: "
-          f"{c.get('compiles', 0)} (first step of the first run compiled {first_step.get('compiles', 0)} programs overall; "
-          f"a 1-step warm run compiled {after_one})")
+    for m in modes:
+        print(f"compiles per step, {m}: {compiles[m]}")
     print(torchtpu.metrics.report())
-    dropout_losses, _ = train("tpu", 3)
-    print(f"\nwith dropout (tpu generator) first losses: {[round(v, 4) for v in dropout_losses]}")
+    drop, _ = train("tpu", 3)
+    print(f"\nwith dropout (tpu generator), first losses: {[round(v, 4) for v in drop]}")
 
 
 if __name__ == "__main__":
