@@ -35,6 +35,8 @@ from . import lowering  # noqa: E402,F401  (fills the lowering table)
 from . import registry as _registry  # noqa: E402
 
 _registry.register_all()
+# TPUs compute in bfloat16 natively: make it torch.autocast("tpu")'s default (CUDA's is float16).
+torch.set_autocast_dtype("tpu", torch.bfloat16)
 _C._set_synchronize_callback(lambda idx: _sync(idx))
 # NOTE: the callback holds a Python object inside a C++ static; drop it before the
 # interpreter finalizes, or its destructor would run without a live interpreter.

@@ -158,14 +158,24 @@ _NP_TO_TORCH = {
 
 
 def _reinterpret(v: Value, dtype) -> Value:
-    """Reads storage bytes as another dtype (x.view(dtype)); widths must match for now."""
-    if v.dtype.itemsize != dtype.itemsize:
-        raise NotImplementedError(
-            f"tpu: viewing a {v.dtype} storage as {dtype} (different element sizes) is not supported yet")
-    if dtype == torch.bool or v.dtype == torch.bool:
-        return E.convert(E.bitcast(v, torch.uint8) if v.dtype != torch.bool else v, dtype) if dtype == torch.bool \
-            else E.bitcast(E.convert(v, torch.uint8), dtype)
-    return E.bitcast(v, dtype)
+    """The storage bytes of `v` read as `dtype` (x.view(dtype), torch.save's byte views): a flat value."""
+    if v.dtype == torch.bool:
+        v = E.convert(v, torch.uint8)  # i1 cannot be bitcast; bool bytes are 0/1
+    if dtype == torch.bool:
+        return E.convert(_reinterpret(v, torch.uint8), torch.bool)
+    flat = E.reshape(v, (v.numel,))
+    src, dst = v.dtype.itemsize, dtype.itemsize
+    if src == dst:
+        return E.bitcast(flat, dtype)
+    fn = v.fn
+    if src > dst:  # narrower: bitcast_convert appends a dimension of src/dst
+        r = src // dst
+        out = fn.op("stablehlo.bitcast_convert", [flat], (flat.numel, r), dtype)
+        return E.reshape(out, (flat.numel * r,))
+    r = dst // src
+    n = flat.numel // r
+    grouped = E.reshape(E.slice_(flat, [0], [n * r]), (n, r))
+    return fn.op("stablehlo.bitcast_convert", [grouped], (n,), dtype)
 
 
 # -- running a trace ------------------------------------------------------------------------------

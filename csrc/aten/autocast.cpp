@@ -1,0 +1,15 @@
+// torch.autocast("tpu"): ops without a policy pass through; matmul-like ops run in the autocast dtype
+// and precision-sensitive ops in float32 — the same lists CUDA uses (AT_FORALL_* in autocast_mode.h).
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define TPU_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define TPU_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+  AT_FORALL_LOWER_PRECISION_FP(TPU_LOWER)
+  AT_FORALL_FP32(TPU_FP32)
+#undef TPU_LOWER
+#undef TPU_FP32
+}
