@@ -86,6 +86,7 @@ class Trace:
         self._storage_param: dict[int, Value] = {}
         self._storage_cur: dict[int, Value] = {}
         self.writes: dict[int, Value] = {}  # token -> new buffer value (program results)
+        self.source: dict[int, torch.Tensor] = {}  # id(Value) -> the tensor argument it was read from
 
     # -- inputs -----------------------------------------------------------------------------
     def _storage_value(self, tok: int) -> Value | None:

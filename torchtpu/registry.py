@@ -169,7 +169,9 @@ def meta(op, opname, args, kwargs):
 def _values(tr, args, kwargs):
     def conv(x):
         if isinstance(x, torch.Tensor):
-            return tr.read(x) if x.device.type == "tpu" else tr.host(x)
+            v = tr.read(x) if x.device.type == "tpu" else tr.host(x)
+            tr.source[id(v)] = x  # lets a rule update an input in place (batch norm's running stats)
+            return v
         return x
 
     return _map(conv, args, kwargs)
@@ -215,7 +217,7 @@ def functional_kernel(opname, rule):
         args, kwargs, dev = _prologue(opname, pre, args, kwargs)
         fmeta = meta(op, opname, args, kwargs)
         tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
-        metas = _as_tuple(fmeta)
+        metas = _as_tuple(tr.out)  # a rule may correct the meta kernel where CPU differs (batch norm)
         outs = [_new_like_meta(m, dev) for m in metas]
         for o, v in zip(outs, vals):
             tr.write(o, v)
@@ -354,12 +356,20 @@ def fallback(op, *args, **kwargs):
     decomp = torch._decomp.decomposition_table.get(op)
     active = _decomposing()
     if decomp is not None and op not in active:
-        metrics.inc("decomposed." + name)
         active.add(op)
         try:
-            return decomp(*args, **kwargs)
+            out = decomp(*args, **kwargs)
+        except TypeError as e:
+            # NOTE: some decompositions registered for an .out overload do not take its out argument names
+            # (e.g. max_pool2d_with_indices_backward.grad_input); the CPU round trip handles those.
+            if "unexpected keyword argument" not in str(e):
+                raise
+            out = NotImplemented
         finally:
             active.discard(op)
+        if out is not NotImplemented:  # a decomposition may decline a case
+            metrics.inc("decomposed." + name)
+            return out
     return cpu_fallback(op, name, args, kwargs)
 
 
@@ -399,6 +409,8 @@ def cpu_fallback(op, name, args, kwargs):
     alias_of = {}
     for a, orig, cpu in zip(schema.arguments, flat_args, flat_cargs):
         if a.alias_info is not None and a.alias_info.is_write and _is_tpu(orig):
+            if orig.shape != cpu.shape:  # out= tensors the CPU kernel resized
+                orig.resize_(cpu.shape)
             orig.copy_(cpu)
             alias_of[id(cpu)] = orig
 

@@ -239,3 +239,56 @@ def nll_loss_backward(tr, grad, x, target, weight, reduction, ignore_index, tota
         if reduction == 1:
             gb = E.div(gb, E.broadcast_to(E.reshape(E.convert(total_weight, dt), ()), x.shape))
     return E.reshape(E.unary("negate", E.mul(wsel, gb)), orig_shape)
+
+
+@lowering("native_batch_norm", "_native_batch_norm_legit")
+def native_batch_norm(tr, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Train: batch statistics, running stats updated in place in the same program. Eval: running stats;
+    the saved statistics are empty, as on CPU."""
+    dt = x.dtype
+    acc = _acc(dt)
+    c = x.shape[1] if x.rank > 1 else 1
+    dims = [d for d in range(x.rank) if d != 1]
+    stat = lambda v: E.broadcast_in_dim(v, x.shape, [1])  # noqa: E731
+    xv = E.convert(x, acc)
+    if training:
+        n = x.numel // c
+        mean = E.div(reduce(xv, dims, "add", False), E.const(x.fn, n, acc, (c,)))
+        d = E.sub(xv, stat(mean))
+        var = E.div(reduce(E.mul(d, d), dims, "add", False), E.const(x.fn, n, acc, (c,)))
+        mom = tr.scalar(momentum, acc)
+        keep = E.sub(E.const(x.fn, 1, acc), mom)
+        if running_mean is not None:
+            rm = E.add(E.mul(E.convert(running_mean, acc), keep), E.mul(mean, mom))
+            tr.write(tr.source[id(running_mean)], rm)
+        if running_var is not None:
+            unbiased = E.mul(var, E.const(x.fn, n / max(n - 1, 1), acc, (c,)))
+            rv = E.add(E.mul(E.convert(running_var, acc), keep), E.mul(unbiased, mom))
+            tr.write(tr.source[id(running_var)], rv)
+    else:
+        mean, var = E.convert(running_mean, acc), E.convert(running_var, acc)
+        d = E.sub(xv, stat(mean))
+    invstd = E.unary("rsqrt", E.add(var, tr.scalar(eps, acc)))
+    y = E.mul(d, stat(invstd))
+    if weight is not None:
+        y = E.mul(y, stat(E.convert(weight, acc)))
+    if bias is not None:
+        y = E.add(y, stat(E.convert(bias, acc)))
+    # NOTE: CPU is the oracle where the meta kernel differs: saved statistics take the parameters' dtype
+    # (the input's without weight) and are empty in eval mode.
+    sdt = weight.dtype if weight is not None else dt
+    shape = (c,) if training else (0,)
+    tr.out = (_meta(tr, 0), torch.empty(shape, dtype=sdt, device="meta"), torch.empty(shape, dtype=sdt, device="meta"))
+    if not training:
+        return E.convert(y, dt), E.const(x.fn, 0, sdt, shape), E.const(x.fn, 0, sdt, shape)
+    return E.convert(y, dt), E.convert(mean, sdt), E.convert(invstd, sdt)
+
+
+@lowering("_native_batch_norm_legit.no_stats")
+def native_batch_norm_no_stats(tr, x, weight, bias, training, momentum, eps):
+    return native_batch_norm(tr, x, weight, bias, None, None, training, momentum, eps)
+
+
+@lowering("_native_batch_norm_legit_no_training")
+def native_batch_norm_no_training(tr, x, weight, bias, running_mean, running_var, momentum, eps):
+    return native_batch_norm(tr, x, weight, bias, running_mean, running_var, False, momentum, eps)
