@@ -266,3 +266,32 @@ def addcdiv(tr, x, t1, t2, value=1):
     dt = _out_dtype(tr)
     q = E.div(E.convert(t1, dt), E.convert(t2, dt))
     return E.add(E.convert(x, dt), E.mul(q, tr.scalar(value, dt)) if value != 1 else q)
+
+
+@lowering("trunc")
+def trunc(tr, x):
+    if not x.dtype.is_floating_point:
+        return x
+    neg = E.compare(x, E.const(x.fn, 0, x.dtype, x.shape), "LT")
+    return E.select(neg, E.unary("ceil", x), E.unary("floor", x))
+
+
+@lowering("exp2")
+def exp2(tr, x):
+    x = E.convert(x, _out_dtype(tr))
+    return E.binary("power", E.const(x.fn, 2.0, x.dtype, x.shape), x)
+
+
+@lowering("signbit")
+def signbit(tr, x):
+    if not x.dtype.is_floating_point:
+        return E.compare(x, E.const(x.fn, 0, x.dtype, x.shape), "LT") if x.dtype != torch.bool else \
+            E.const(x.fn, False, torch.bool, x.shape)
+    bits = E.bitcast(x, {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.dtype.itemsize])
+    return E.compare(bits, E.const(x.fn, 0, bits.dtype, x.shape), "LT")  # -0.0 and -nan count, as on CPU
+
+
+@lowering("erfc")
+def erfc(tr, x):
+    x = E.convert(x, _out_dtype(tr))
+    return E.sub(E.const(x.fn, 1.0, x.dtype, x.shape), _erf(x))

@@ -218,3 +218,27 @@ PREPROCESS["_index_put_impl_"] = _masks_to_indices
 @inplace_lowering("_index_put_impl_")
 def index_put_impl_(tr, x, indices, values, accumulate=False, unsafe=False):
     return index_put(tr, x, indices, values, accumulate)
+
+
+@lowering("flip")
+def flip(tr, x, dims):
+    if x.rank == 0 or not dims:
+        return x
+    d = sorted({int(k) % x.rank for k in dims})
+    return x.fn.op("stablehlo.reverse", [x], x.shape, x.dtype, f"dimensions = array<i64: {', '.join(map(str, d))}>")
+
+
+@lowering("roll")
+def roll(tr, x, shifts, dims=()):
+    if not dims:  # roll the flattened tensor
+        flat = E.reshape(x, (x.numel,))
+        return E.reshape(roll(tr, flat, shifts, [0]), x.shape)
+    for s, d in zip(shifts, dims):
+        d = d % x.rank
+        n = x.shape[d]
+        if n == 0:
+            continue
+        s = s % n
+        if s:
+            x = E.concatenate([E.slice_dim(x, d, n - s, n), E.slice_dim(x, d, 0, n - s)], d)
+    return x

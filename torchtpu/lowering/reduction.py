@@ -6,7 +6,7 @@ import math
 import torch
 
 from .. import emit as E
-from ..hlo import tensor_type
+from ..hlo import region, tensor_type
 from ..registry import lowering
 
 
@@ -239,3 +239,48 @@ def logsumexp(tr, x, dim, keepdim=False):
     s = reduce(E.unary("exponential", E.sub(xv, m)), dims, "add", True)
     r = E.add(E.unary("log", s), m)
     return r if keepdim else E.reshape(r, _meta(tr).shape)
+
+
+def sort_values_indices(x, dim, descending):
+    """Stable sort along dim with NaN ordered as the largest value (as on CPU); returns (values, int64 indices)."""
+    fn = x.fn
+    if x.rank == 0:
+        return x, E.const(fn, 0, torch.int64)
+    dim = dim % x.rank
+    idx = E.iota(fn, x.shape, dim)
+    t, it, b = tensor_type((), x.dtype), tensor_type((), torch.int64), tensor_type((), torch.bool)
+    kind = "FLOAT" if x.dtype.is_floating_point else ("UNSIGNED" if x.dtype in (torch.bool, torch.uint8) else "SIGNED")
+    cmp = lambda a, c, d: f'"stablehlo.compare"({a}, {c}) {{comparison_direction = #stablehlo<comparison_direction {d}>, compare_type = #stablehlo<comparison_type {kind}>}} : ({t}, {t}) -> {b}'  # noqa: E731
+    first, second = ("%a", "%b") if not descending else ("%b", "%a")
+    body = [
+        f"%lt = {cmp(first, second, 'LT')}",
+        # NaN is the largest: `first` precedes a NaN `second` unless it is NaN itself
+        f"%sn = {cmp(second, second, 'NE')}",
+        f"%fnum = {cmp(first, first, 'EQ')}",
+        f'%nan_after = "stablehlo.and"(%sn, %fnum) : ({b}, {b}) -> {b}',
+        f'%r = "stablehlo.or"(%lt, %nan_after) : ({b}, {b}) -> {b}',
+        f'"stablehlo.return"(%r) : ({b}) -> ()',
+    ]
+    reg = region([("%a", t), ("%b", t), ("%ia", it), ("%ib", it)], body)
+    v, i = fn.op_multi("stablehlo.sort", [x, idx], [(x.shape, x.dtype), (x.shape, torch.int64)],
+                       f"dimension = {dim} : i64, is_stable = true", reg)
+    return v, i
+
+
+@lowering("sort.default")
+def sort(tr, x, dim=-1, descending=False):
+    return sort_values_indices(x, dim, descending)
+
+
+@lowering("sort.stable")
+def sort_stable(tr, x, stable=None, dim=-1, descending=False):
+    return sort_values_indices(x, dim, descending)
+
+
+@lowering("topk")
+def topk(tr, x, k, dim=-1, largest=True, sorted=True):
+    if x.rank == 0:
+        return x, E.const(x.fn, 0, torch.int64)
+    dim = dim % x.rank
+    v, i = sort_values_indices(x, dim, largest)
+    return E.slice_dim(v, dim, 0, k), E.slice_dim(i, dim, 0, k)
