@@ -95,6 +95,11 @@ CASES = {
     "tril_triu": (lambda a: (a.tril(), a.triu(1), a.tril(-1)), [(4, 5)], ALL, True),
     "arange_full": (lambda a: a + torch.arange(4, device=a.device) * torch.full((4,), 2, device=a.device), [(3, 4)], FLOAT + INT, True),
     "zeros_ones_like": (lambda a: torch.zeros_like(a) + torch.ones_like(a) * a, [(3, 4)], ALL[:-1], True),
+    "conv2d": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), [(2, 3, 7, 7), (4, 3, 3, 3), (4,)], FLOAT, True),
+    "conv1d_groups_dilation": (lambda x, w: F.conv1d(x, w, groups=2, dilation=2), [(2, 4, 9), (6, 2, 3)], FLOAT, True),
+    "conv_transpose2d": (lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1), [(2, 3, 5, 5), (3, 4, 3, 3)], FLOAT, True),
+    "conv3d": (lambda x, w: F.conv3d(x, w, padding=1), [(1, 2, 4, 4, 4), (3, 2, 2, 2, 2)], [torch.float32], True),
+    "batch_norm_train": (lambda x, w, b: F.batch_norm(x, torch.zeros(3, device=x.device, dtype=x.dtype), torch.ones(3, device=x.device, dtype=x.dtype), w, b, training=True), [(4, 3, 5), (3,), (3,)], FLOAT, True),
     "lerp_addc": (lambda a, b, c: (torch.lerp(a, b, 0.3), torch.addcmul(a, b, c, value=0.5), torch.addcdiv(a, b, c.abs() + 1, value=2)), [(3, 4), (3, 4), (3, 4)], [torch.float32], True),
     "to_dtype": (lambda a: (a.to(torch.float32), a.to(torch.int32), a.to(torch.bool), a.to(torch.bfloat16)), [(3, 4)], ALL, False),
 }

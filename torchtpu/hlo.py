@@ -96,6 +96,7 @@ class Fn:
     def __init__(self):
         self.params: list[tuple[Value, str]] = []  # (value, extra arg attributes)
         self.lines: list[str] = []
+        self.funcs: dict[str, str] = {}  # private functions called from @main (inlined JAX lowerings)
         self._n = 0
 
     # -- values -------------------------------------------------------------------------------
@@ -132,9 +133,10 @@ class Fn:
         body = "\n    ".join(self.lines)
         rets = ", ".join(r.name for r in results)
         ret_line = f'"func.return"({rets}) : ({rtypes}) -> ()'
+        extra = "".join("\n" + self.funcs[k] for k in sorted(self.funcs))
         return (
             "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
-            f"  func.func public @main({args}) -> ({rtypes}) {{\n    {body}\n    {ret_line}\n  }}\n}}\n"
+            f"  func.func public @main({args}) -> ({rtypes}) {{\n    {body}\n    {ret_line}\n  }}{extra}\n}}\n"
         )
 
 

@@ -52,7 +52,8 @@ def inplace_lowering(*names):
 
 
 FOREACH: dict[str, Callable] = {}  # _foreach_* rules generated from element rules (lowering/foreach.py)
-PREPROCESS: dict[str, Callable] = {}  # functional op name -> (args, kwargs) -> (args, kwargs), run before meta
+PREPROCESS: dict[str, Callable] = {}
+META: dict[str, Callable] = {}  # op name -> fn(meta args, meta kwargs) -> outputs, where the op has no meta kernel  # functional op name -> (args, kwargs) -> (args, kwargs), run before meta
 
 
 def direct(*names):
@@ -156,7 +157,7 @@ def meta(op, opname, args, kwargs):
         return hit
     margs, mkwargs = _map(_to_meta, args, kwargs)
     try:
-        out = op(*margs, **mkwargs)
+        out = META[opname](*margs, **mkwargs) if opname in META else op(*margs, **mkwargs)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise op_error(opname, args, kwargs, e) from None
     if key is not None:

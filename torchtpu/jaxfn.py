@@ -1,0 +1,51 @@
+"""JAX functions as StableHLO inside our programs.
+
+`call(tr, name, f, args, static)` lowers the JAX function `f` for the argument types once (cached), makes
+its `@main` a private function of the module being traced and calls it. Rules use this where JAX already
+has a careful lowering (convolutions and their gradients); the custom-kernel interop issue builds on it.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+import torch
+
+from . import runtime
+from .executor import _torch_dtype
+from .hlo import Value
+
+_cache: dict = {}
+_FUNC = re.compile(r"func\.func (?:public |private )?@([\w$.]+)")
+_RESULT_ATTRS = re.compile(r" \{jax\.result_info = \"[^\"]*\"\}")
+
+
+def _lower(name, f, avals):
+    import jax
+
+    runtime.get().backend  # jax configured (x64, platform) before tracing anything
+    specs = [jax.ShapeDtypeStruct(s, runtime._np_dtype(d)) for s, d in avals]
+    text = jax.jit(f, keep_unused=True).lower(*specs).as_text()
+    outs = jax.tree_util.tree_leaves(jax.eval_shape(f, *specs))
+    results = [(tuple(o.shape), _torch_dtype(o.dtype)) for o in outs]
+    fname = f"jax_{name}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    body = text[text.index("{", text.index("attributes {") + len("attributes {")) + 1: text.rindex("}")]
+    for sym in set(_FUNC.findall(body)):
+        new = fname if sym == "main" else f"{fname}__{sym}"
+        body = re.sub(rf"@{re.escape(sym)}\b", f"@{new}", body)
+    body = body.replace(f"func.func public @{fname}", f"func.func private @{fname}")
+    body = _RESULT_ATTRS.sub("", body)
+    return fname, body.strip("\n"), results
+
+
+def call(tr, name: str, f, args: list[Value], static=()) -> list[Value]:
+    key = (name, static, tuple((a.shape, a.dtype) for a in args))
+    entry = _cache.get(key)
+    if entry is None:
+        entry = _cache[key] = _lower(name, f, [(a.shape, a.dtype) for a in args])
+    fname, body, results = entry
+    tr.fn.funcs[fname] = body
+    return tr.fn.op_multi("func.call", args, results, attrs=f"callee = @{fname}")
+
+
+__all__ = ["call"]
