@@ -100,6 +100,8 @@ CASES = {
     "conv_transpose2d": (lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1), [(2, 3, 5, 5), (3, 4, 3, 3)], FLOAT, True),
     "conv3d": (lambda x, w: F.conv3d(x, w, padding=1), [(1, 2, 4, 4, 4), (3, 2, 2, 2, 2)], [torch.float32], True),
     "batch_norm_train": (lambda x, w, b: F.batch_norm(x, torch.zeros(3, device=x.device, dtype=x.dtype), torch.ones(3, device=x.device, dtype=x.dtype), w, b, training=True), [(4, 3, 5), (3,), (3,)], FLOAT, True),
+    "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), [(2, 3, 7, 7)], FLOAT, True),
+    "max_pool2d": (lambda x: F.max_pool2d(x, 2), [(2, 3, 6, 6)], FLOAT, True),
     "lerp_addc": (lambda a, b, c: (torch.lerp(a, b, 0.3), torch.addcmul(a, b, c, value=0.5), torch.addcdiv(a, b, c.abs() + 1, value=2)), [(3, 4), (3, 4), (3, 4)], [torch.float32], True),
     "to_dtype": (lambda a: (a.to(torch.float32), a.to(torch.int32), a.to(torch.bool), a.to(torch.bfloat16)), [(3, 4)], ALL, False),
 }
