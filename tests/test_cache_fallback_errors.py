@@ -44,10 +44,12 @@ def test_fallback_is_counted_and_correct():
 
 
 def test_decomposition_is_counted():
-    x = torch.arange(5.0)
-    y = torch.cumsum(x.to("tpu"), 0)  # no rule yet, but PyTorch decomposes it into lowered ops
-    assert torch.equal(y.cpu(), torch.cumsum(x, 0))
-    assert torchtpu.metrics.counters()["decomposed.cumsum.out"] == 1
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]])
+    y = torch.count_nonzero(x.to("tpu"), dim=1)  # no rule: PyTorch decomposes it into lowered ops
+    assert torch.equal(y.cpu(), torch.count_nonzero(x, dim=1))
+    c = torchtpu.metrics.counters()
+    assert c["decomposed.count_nonzero.dim_IntList"] == 1
+    assert not any(k.startswith("fallback.") for k in c)
 
 
 def test_fallback_error_policy():

@@ -121,34 +121,50 @@ def _map(fn, args, kwargs):
 
 
 # Output metadata per argument signature: the meta kernels are Python refs for many ops and cost more
-# than the rest of a launch. Floats enter the key by type only (they never shape an output), except for
-# ops whose output shape comes from float values.
+# than the rest of a launch. Arguments typed `Scalar` in the schema (alpha, other, value: the ones a
+# learning-rate schedule changes) enter the key by type only; every other float (eps, momentum, scale
+# factors, which may shape an output) by value. arange's Scalars shape its output, so they count by value.
 _META_CACHE: dict = {}
 _META_CACHE_MAX = 16384
-_FLOATS_SHAPE_OUTPUT = {"arange.start_step"}
+_SCALARS_SHAPE_OUTPUT = {"arange.start_step", "arange.start_out"}
+_scalar_args: dict = {}  # op name -> (positions, names) of Scalar / Scalar[] arguments
 
 
-def _sig_one(x, floats_by_value):
+def _scalar_slots(op, opname):
+    slots = _scalar_args.get(opname)
+    if slots is None:
+        if opname in _SCALARS_SHAPE_OUTPUT:
+            slots = (frozenset(), frozenset())
+        else:
+            sargs = [(i, a.name) for i, a in enumerate(op._schema.arguments)
+                     if str(a.type) in ("Scalar", "Scalar?", "List[Scalar]")]
+            slots = (frozenset(i for i, _ in sargs), frozenset(n for _, n in sargs))
+        _scalar_args[opname] = slots
+    return slots
+
+
+def _sig_one(x, scalar_slot):
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), x.stride(), x.dtype, x.device.type)
-    if isinstance(x, float) and not floats_by_value:
+    if isinstance(x, float) and scalar_slot:
         return float
     if isinstance(x, torch.Generator):
         return torch.Generator
     return x
 
 
-def _signature(opname, args, kwargs):
-    fv = opname in _FLOATS_SHAPE_OUTPUT
+def _signature(op, opname, args, kwargs):
+    positions, names = _scalar_slots(op, opname)
 
-    def one(x):
-        return tuple(_sig_one(v, fv) for v in x) if isinstance(x, (list, tuple)) else _sig_one(x, fv)
+    def one(x, slot):
+        return tuple(_sig_one(v, slot) for v in x) if isinstance(x, (list, tuple)) else _sig_one(x, slot)
 
-    return (opname, tuple(one(a) for a in args), tuple((k, one(v)) for k, v in kwargs.items()))
+    return (opname, tuple(one(a, i in positions) for i, a in enumerate(args)),
+            tuple((k, one(v, k in names)) for k, v in kwargs.items()))
 
 
 def meta(op, opname, args, kwargs):
-    key = _signature(opname, args, kwargs)
+    key = _signature(op, opname, args, kwargs)
     try:
         hit = _META_CACHE.get(key)
     except TypeError:  # an unhashable argument: no caching
@@ -262,9 +278,10 @@ def out_kernel(opname, fname, rule, out_names):
 
     def kernel(*args, **kwargs):
         args, kwargs, dev = _prologue(opname, pre, args, kwargs)
-        meta(op, opname, args, kwargs)
+        ometa = meta(op, opname, args, kwargs)
         outs = [kwargs.pop(n) for n in out_names]
-        fmeta = meta(fop, opname, args, kwargs)
+        # an out-only rule (no functional twin, e.g. arange.start_out) takes its shapes from the out meta
+        fmeta = ometa if fop is op else meta(fop, opname, args, kwargs)
         for o, m in zip(outs, _as_tuple(fmeta)):
             if o.shape != m.shape:
                 o.resize_(m.shape)
@@ -319,6 +336,10 @@ def register_all():
         if inplace:
             _impl(inplace, inplace_kernel(inplace, name, rule))
     for name, rule in RULES.items():
+        out_args = [a.name for a in _overload(name)._schema.arguments if a.is_out]
+        if out_args:  # an out-only op
+            _impl(name, out_kernel(name, name, rule, out_args))
+            continue
         _impl(name, functional_kernel(name, rule))
         inplace, outs = _variants(name)
         if inplace and inplace not in RULES and inplace not in DIRECT:

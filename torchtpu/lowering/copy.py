@@ -84,3 +84,28 @@ def equal(self, other):
     if self.shape != other.shape:
         return False
     return bool(torch.equal(X.read_host(self, "equal"), X.read_host(other, "equal")))
+
+
+# -- GradScaler's ops, composed from tpu ops: no host sync, no CPU fallback --------------------------
+@direct("_amp_foreach_non_finite_check_and_unscale_")
+def amp_unscale_(grads, found_inf, inv_scale):
+    metrics.inc("op._amp_foreach_non_finite_check_and_unscale_")
+    if not grads:
+        return None
+    bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any()
+    found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.dtype)))
+    torch._foreach_mul_(grads, inv_scale)
+    return None
+
+
+@direct("_amp_update_scale_")
+def amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    metrics.inc("op._amp_update_scale_")
+    inf = found_inf > 0
+    grown = growth_tracker + 1
+    do_grow = (~inf) & (grown >= growth_interval)
+    new_scale = torch.where(inf, scale * backoff_factor, torch.where(do_grow, scale * growth_factor, scale))
+    new_tracker = torch.where(inf | do_grow, torch.zeros_like(growth_tracker), grown)
+    scale.copy_(new_scale)
+    growth_tracker.copy_(new_tracker)
+    return scale

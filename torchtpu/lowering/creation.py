@@ -50,3 +50,8 @@ def tril(tr, x, diagonal=0):
 @lowering("triu")
 def triu(tr, x, diagonal=0):
     return _tri(tr, x, diagonal, False)
+
+
+@lowering("arange.start_out")
+def arange_out(tr, start, end, step=1):
+    return arange(tr, start, end, step)

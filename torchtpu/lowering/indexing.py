@@ -70,6 +70,9 @@ def _scatter(x, dim, index, src, combiner):
     dim = dim % max(x.rank, 1)
     if index.numel == 0:
         return x
+    if x.rank == 0:  # 0-d: the same update on a one-element vector
+        s = E.reshape(src, (1,)) if isinstance(src, E.Value) else src
+        return E.reshape(_scatter(E.reshape(x, (1,)), 0, E.reshape(index, (1,)), s, combiner), ())
     if not isinstance(src, E.Value):
         src = E.const(x.fn, src, x.dtype, index.shape)
     elif src.shape != index.shape:
@@ -242,3 +245,45 @@ def roll(tr, x, shifts, dims=()):
         if s:
             x = E.concatenate([E.slice_dim(x, d, n - s, n), E.slice_dim(x, d, 0, n - s)], d)
     return x
+
+
+_SCATTER_COMBINE = {"sum": "add", "prod": "multiply", "amax": "maximum", "amin": "minimum", "mean": "add"}
+
+
+@lowering("scatter_reduce.two")
+def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
+    from .reduction import _init
+
+    dim = dim % max(x.rank, 1)
+    if index.numel == 0:
+        return x
+    if x.rank == 0:
+        x1 = E.reshape(x, (1,))
+        return E.reshape(scatter_reduce(tr, x1, 0, E.reshape(index, (1,)), E.reshape(src, (1,)), reduce, include_self), ())
+    kind = _SCATTER_COMBINE[reduce]
+    coords = _full_indices(_wrap(index, x.shape[dim]), dim, x.rank)
+    n = index.numel
+    src_v = E.convert(src, x.dtype)
+    if src_v.shape != index.shape:
+        src_v = E.slice_(src_v, [0] * src_v.rank, list(index.shape))
+    src_v = E.reshape(src_v, (n,))
+
+    def scat(base, upd, comb):
+        return E.scatter(base, coords, upd, [], list(range(x.rank)), list(range(x.rank)), 1, comb)
+
+    ident = _init(x.fn, "add" if kind == "add" else kind, x.dtype) if x.dtype != torch.bool else None
+    touched = scat(E.const(x.fn, False, torch.bool, x.shape), E.const(x.fn, True, torch.bool, (n,)), None)
+    base = x if include_self else E.select(touched, E.broadcast_to(ident, x.shape), x)
+    out = scat(base, src_v, f"stablehlo.{kind}")
+    if reduce == "mean":
+        ct = torch.int64
+        cnt = scat(E.const(x.fn, 1 if include_self else 0, ct, x.shape), E.const(x.fn, 1, ct, (n,)), "stablehlo.add")
+        cnt = E.select(touched, cnt, E.const(x.fn, 1, ct, x.shape))
+        cntv = E.convert(cnt, x.dtype)
+        if x.dtype.is_floating_point:
+            out = E.div(out, cntv)
+        else:
+            from .elementwise import _floor_div_int
+
+            out = _floor_div_int(out, cntv)
+    return out
