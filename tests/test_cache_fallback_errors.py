@@ -92,3 +92,13 @@ def test_two_devices_is_an_error():
 def test_out_of_range_index_is_an_error_not_a_crash():
     with pytest.raises((RuntimeError, IndexError)):
         torch.ones(3, device="tpu")[5]
+
+
+def test_float_arguments_that_shape_outputs_are_not_confused_by_the_metadata_cache():
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 2, 4, 4)
+    for sf in (2.0, 3.0, 1.5):
+        assert F.interpolate(x.to("tpu"), scale_factor=sf).shape == F.interpolate(x, scale_factor=sf).shape
+    assert torch.arange(0, 2.5, 0.5, device="tpu").shape == (5,)
+    assert torch.arange(0, 1.5, 0.5, device="tpu").shape == (3,)
