@@ -162,3 +162,13 @@ def test_integer_division_signs_and_nan_propagation():
     assert_same(x.max(), x.to("tpu").max())
     assert_same(torch.maximum(x, torch.ones(3)), torch.maximum(x.to("tpu"), torch.ones(3, device="tpu")))
     assert_same(x.argmax(), x.to("tpu").argmax())
+
+
+def test_unique_runs_on_device_with_one_counted_host_sync():
+    x = torch.tensor([[3, 1, 2], [3, 5, 1]])
+    torchtpu.metrics.reset()
+    v, inv, cnt = torch.unique(x.to("tpu"), return_inverse=True, return_counts=True)
+    ev, einv, ecnt = torch.unique(x, return_inverse=True, return_counts=True)
+    assert torch.equal(v.cpu(), ev) and torch.equal(inv.cpu(), einv) and torch.equal(cnt.cpu(), ecnt)
+    c = torchtpu.metrics.counters()
+    assert c["host_sync.unique"] == 1 and not any(k.startswith("fallback.") for k in c)

@@ -287,3 +287,31 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
 
             out = _floor_div_int(out, cntv)
     return out
+
+
+@direct("_unique2")
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    """torch.unique on the device: sort, mark run starts, learn the count (one counted host sync), then
+    place values / inverse / counts with scatters. Output is sorted, as on CPU."""
+    _metrics.inc("op._unique2")
+    flat = self.reshape(-1)
+    n = flat.numel()
+    if n == 0:
+        empty = self.new_empty((0,))
+        return empty, torch.zeros(self.shape, dtype=torch.int64, device=self.device), \
+            torch.zeros(0, dtype=torch.int64, device=self.device)
+    s, perm = torch.sort(flat, stable=True)
+    starts = torch.ones(n, dtype=torch.bool, device=self.device)
+    if n > 1:
+        starts[1:] = s[1:] != s[:-1]
+    pos = torch.cumsum(starts.to(torch.int64), 0) - 1  # run number of each sorted element
+    k = int(_X.read_host(pos[-1:], "unique").item()) + 1
+    slot = torch.where(starts, pos, torch.full_like(pos, k))  # non-starts go to a spare slot, dropped below
+    values = torch.zeros(k + 1, dtype=self.dtype, device=self.device).scatter(0, slot, s)[:k]
+    inverse = torch.empty(0, dtype=torch.int64, device=self.device)
+    counts = torch.empty(0, dtype=torch.int64, device=self.device)
+    if return_inverse:
+        inverse = torch.zeros(n, dtype=torch.int64, device=self.device).scatter(0, perm, pos).reshape(self.shape)
+    if return_counts:
+        counts = torch.zeros(k, dtype=torch.int64, device=self.device).scatter_add(0, pos, torch.ones_like(pos))
+    return values, inverse, counts
