@@ -19,7 +19,7 @@ import torch
 from . import cache, metrics, runtime
 from . import emit as E
 from . import storage as S
-from .errors import describe_args, op_error, user_line
+from .errors import op_error, user_line
 from .hlo import Fn, Value
 
 MODES = ("debug", "strict", "fused")
@@ -274,4 +274,4 @@ def drain() -> None:
     S.drain_events(_resize_copy)
 
 
-__all__ = ["Trace", "launch", "read_host", "synchronize", "set_mode", "get_mode", "mode", "drain", "describe_args"]
+__all__ = ["Trace", "launch", "read_host", "synchronize", "set_mode", "get_mode", "mode", "drain"]

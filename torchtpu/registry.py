@@ -19,50 +19,41 @@ from typing import Callable
 import torch
 import torch._decomp
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from . import executor as X
 from . import metrics
 from .errors import TpuOpError, op_error
 
-RULES: dict[str, Callable] = {}
-DIRECT: dict[str, Callable] = {}  # kernels that are not value rules (copies, host reads)
-
-
-def lowering(*names):
-    def deco(fn):
-        for n in names:
-            assert n not in RULES, f"two rules for {n}"
-            RULES[n] = fn
-        return fn
-
-    return deco
-
-
+RULES: dict[str, Callable] = {}  # functional rules: in-place and out= kernels are derived from them
 INPLACE_RULES: dict[str, Callable] = {}  # in-place-only ops (uniform_, normal_, ...): rule gives self's new value
-
-
-def inplace_lowering(*names):
-    def deco(fn):
-        for n in names:
-            INPLACE_RULES[n] = fn
-        return fn
-
-    return deco
-
-
+DIRECT: dict[str, Callable] = {}  # kernels that are not value rules (copies, host reads)
 FOREACH: dict[str, Callable] = {}  # _foreach_* rules generated from element rules (lowering/foreach.py)
-PREPROCESS: dict[str, Callable] = {}
-META: dict[str, Callable] = {}  # op name -> fn(meta args, meta kwargs) -> outputs, where the op has no meta kernel  # functional op name -> (args, kwargs) -> (args, kwargs), run before meta
+PREPROCESS: dict[str, Callable] = {}  # functional op name -> (args, kwargs) -> (args, kwargs), run before meta
+META: dict[str, Callable] = {}  # op name -> fn(meta args, meta kwargs) -> outputs, where the op has no meta kernel
 
 
-def direct(*names):
-    def deco(fn):
-        for n in names:
-            DIRECT[n] = fn
-        return fn
+def out_meta(tr, i=0):
+    """The meta tensor of a rule's i-th output (rules read output shapes and dtypes from it)."""
+    return tr.out[i] if isinstance(tr.out, (tuple, list)) else tr.out
 
-    return deco
+
+def _registrar(table):
+    def register(*names):
+        def deco(fn):
+            for n in names:
+                assert n not in table, f"two kernels for {n}"
+                table[n] = fn
+            return fn
+
+        return deco
+
+    return register
+
+
+lowering = _registrar(RULES)
+inplace_lowering = _registrar(INPLACE_RULES)
+direct = _registrar(DIRECT)
 
 
 def _overload(name: str):
@@ -405,7 +396,7 @@ def cpu_fallback(op, name, args, kwargs):
         warnings.warn(f"torchtpu: aten::{name} has no tpu lowering; running it on CPU (counted in "
                       f"torchtpu.metrics as fallback.{name}; TORCHTPU_FALLBACK=error to forbid)", stacklevel=3)
     dev = None
-    for x in tree_flatten((args, kwargs))[0]:
+    for x in _flat(args, kwargs):
         if _is_tpu(x):
             dev = x.device
             break

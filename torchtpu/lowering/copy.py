@@ -36,7 +36,6 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     if self.numel() == 0:
         return self
     try:
-        torch.broadcast_shapes(src.shape, self.shape)
         if torch.broadcast_shapes(src.shape, self.shape) != self.shape:
             raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape")
     except RuntimeError as e:

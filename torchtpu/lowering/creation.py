@@ -4,11 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import emit as E
-from ..registry import lowering
-
-
-def _meta(tr):
-    return tr.out[0] if isinstance(tr.out, (tuple, list)) else tr.out
+from ..registry import lowering, out_meta as _meta
 
 
 @lowering("fill.Scalar", "fill.Tensor")

@@ -6,11 +6,11 @@ import math
 import torch
 
 from .. import emit as E
-from ..registry import lowering
+from ..registry import lowering, out_meta
 
 
 def _out_dtype(tr):
-    return tr.out[0].dtype if isinstance(tr.out, (tuple, list)) else tr.out.dtype
+    return out_meta(tr).dtype
 
 
 def _operand(tr, x, dtype):

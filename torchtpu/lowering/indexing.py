@@ -4,11 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import emit as E
-from ..registry import PREPROCESS, inplace_lowering, lowering
-
-
-def _meta(tr, i=0):
-    return tr.out[i] if isinstance(tr.out, (tuple, list)) else tr.out
+from ..registry import PREPROCESS, inplace_lowering, lowering, out_meta as _meta
 
 
 def _wrap(idx, size):

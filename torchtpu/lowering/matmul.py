@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import emit as E
-from ..registry import lowering
+from ..registry import lowering, out_meta as _meta
 
 
 def _dot(a, b, lb, rb, lc, rc, out_dtype):
@@ -13,10 +13,6 @@ def _dot(a, b, lb, rb, lc, rc, out_dtype):
     # NOTE: low-precision inputs accumulate in f32 (as CPU and TPU MXUs do), then round once.
     acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
     return E.convert(E.dot_general(E.convert(a, out_dtype), E.convert(b, out_dtype), lb, rb, lc, rc, acc), out_dtype)
-
-
-def _meta(tr):
-    return tr.out[0] if isinstance(tr.out, (tuple, list)) else tr.out
 
 
 @lowering("mm")

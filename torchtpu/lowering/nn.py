@@ -7,13 +7,9 @@ import math
 import torch
 
 from .. import emit as E
-from ..registry import lowering
+from ..registry import lowering, out_meta as _meta
 from .elementwise import _erf
 from .reduction import reduce
-
-
-def _meta(tr, i=0):
-    return tr.out[i] if isinstance(tr.out, (tuple, list)) else tr.out
 
 
 def _acc(dt):

@@ -7,11 +7,7 @@ import torch
 
 from .. import emit as E
 from ..hlo import region, tensor_type
-from ..registry import lowering
-
-
-def _meta(tr, i=0):
-    return tr.out[i] if isinstance(tr.out, (tuple, list)) else tr.out
+from ..registry import lowering, out_meta as _meta
 
 
 def _dims(x, dim):
@@ -146,7 +142,7 @@ def arg_reduce(x, dim, keepdim, is_max):
     body = [
         f"%better = {cmp('%bv', '%av', direction)}",
         f"%eq = {cmp('%bv', '%av', 'EQ')}",
-        f"%bnan = {cmp('%bv', '%bv', 'NE')}" if x.dtype.is_floating_point else f"%bnan = {cmp('%bv', '%bv', 'NE')}",
+        f"%bnan = {cmp('%bv', '%bv', 'NE')}",
         f"%anan = {cmp('%av', '%av', 'NE')}",
         f'%notanan = "stablehlo.not"(%anan) : ({it1}) -> {it1}',
         f'%bnan2 = "stablehlo.and"(%bnan, %notanan) : ({it1}, {it1}) -> {it1}',

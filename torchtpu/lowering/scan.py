@@ -5,11 +5,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering
-
-
-def _meta(tr):
-    return tr.out[0] if isinstance(tr.out, (tuple, list)) else tr.out
+from ..registry import lowering, out_meta as _meta
 
 
 def _scan(kind):
