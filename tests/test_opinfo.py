@@ -10,9 +10,7 @@ import opinfo_sweep as S
 FULL = os.environ.get("TORCHTPU_SWEEP") == "full"
 
 # Silent wrong answers known today, each with what is known. The test fails on any other.
-KNOWN_WRONG = {
-    ("nn.functional.instance_norm", "", "bfloat16"): "bf16 instance norm differs beyond bf16 tolerance; unexamined",
-}
+KNOWN_WRONG: dict = {}
 
 
 @pytest.fixture(scope="module")

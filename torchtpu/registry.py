@@ -226,9 +226,10 @@ def functional_kernel(opname, rule):
         fmeta = meta(op, opname, args, kwargs)
         tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
         metas = _as_tuple(tr.out)  # a rule may correct the meta kernel where CPU differs (batch norm)
-        outs = [_new_like_meta(m, dev) for m in metas]
+        outs = [None if m is None else _new_like_meta(m, dev) for m in metas]  # None: an undefined output
         for o, v in zip(outs, vals):
-            tr.write(o, v)
+            if o is not None:
+                tr.write(o, v)
         X.launch(tr)
         if isinstance(fmeta, list):  # Tensor[] results
             return outs

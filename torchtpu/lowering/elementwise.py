@@ -39,9 +39,19 @@ def _float_unary(hlo_name):
 for _name, _hlo in {
     "exp": "exponential", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "sin": "sine",
     "cos": "cosine", "tan": "tan", "log1p": "log_plus_one", "expm1": "exponential_minus_one", "sigmoid": "logistic",
-    "ceil": "ceil", "floor": "floor", "round": "round_nearest_even",
 }.items():
     lowering(_name)(_float_unary(_hlo))
+
+
+def _rounding(hlo_name):
+    def rule(tr, x):
+        return E.unary(hlo_name, x) if x.dtype.is_floating_point else x  # integers are already whole
+
+    return rule
+
+
+for _name, _hlo in {"ceil": "ceil", "floor": "floor", "round": "round_nearest_even"}.items():
+    lowering(_name)(_rounding(_hlo))
 
 
 @lowering("abs")
@@ -295,3 +305,17 @@ def signbit(tr, x):
 def erfc(tr, x):
     x = E.convert(x, _out_dtype(tr))
     return E.sub(E.const(x.fn, 1.0, x.dtype, x.shape), _erf(x))
+
+
+@lowering("round.decimals")
+def round_decimals(tr, x, decimals=0):
+    if not x.dtype.is_floating_point:
+        return x
+    dt = x.dtype
+    xv = E.convert(x, torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)
+    scale = E.const(xv.fn, 10.0 ** abs(decimals), xv.dtype, xv.shape)
+    if decimals >= 0:  # as PyTorch's CPU kernel: nearbyint(x * 10^d) / 10^d, or the mirror for d < 0
+        r = E.div(E.unary("round_nearest_even", E.mul(xv, scale)), scale)
+    else:
+        r = E.mul(E.unary("round_nearest_even", E.div(xv, scale)), scale)
+    return E.convert(r, dt)

@@ -158,12 +158,16 @@ def embedding(tr, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
 
 @lowering("embedding_dense_backward")
 def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
-    if scale_grad_by_freq:
-        raise NotImplementedError("scale_grad_by_freq")
     d = grad.shape[-1]
     n = indices.numel
     idx = E.convert(E.reshape(indices, (n,)), torch.int64)
     g = E.reshape(grad, (n, d))
+    if scale_grad_by_freq:  # each row's gradient divided by how often its index occurs in the batch
+        counts = E.scatter(E.const(tr.fn, 0, torch.int64, (num_weights,)), E.reshape(idx, (n, 1)),
+                           E.const(tr.fn, 1, torch.int64, (n,)), [], [0], [0], 1, "stablehlo.add")
+        freq = E.gather(counts, E.reshape(idx, (n, 1)), offset_dims=[], collapsed=[0], start_index_map=[0],
+                        index_vector_dim=1, slice_sizes=[1], out_shape=(n,))
+        g = E.div(g, E.broadcast_in_dim(E.convert(freq, g.dtype), (n, d), [0]))
     if padding_idx is not None and padding_idx >= 0:
         keep = E.compare(idx, E.const(tr.fn, padding_idx, torch.int64, (n,)), "NE")
         g = E.select(E.broadcast_in_dim(keep, (n, d), [0]), g, E.const(tr.fn, 0, g.dtype, (n, d)))
@@ -311,3 +315,62 @@ def unique2(self, sorted=True, return_inverse=False, return_counts=False):
     if return_counts:
         counts = torch.zeros(k, dtype=torch.int64, device=self.device).scatter_add(0, pos, torch.ones_like(pos))
     return values, inverse, counts
+
+
+@lowering("scatter.reduce", "scatter.value_reduce")
+def scatter_legacy_reduce(tr, x, dim, index, src, reduce):
+    """scatter(..., reduce='add'|'multiply'): the self-including scatter with that combiner."""
+    if not isinstance(src, E.Value):
+        src = E.broadcast_to(tr.scalar(src, x.dtype), index.shape)
+    return _scatter(x, dim, index, src, {"add": "stablehlo.add", "multiply": "stablehlo.multiply"}[reduce])
+
+
+@lowering("masked_scatter")
+def masked_scatter(tr, x, mask, source):
+    """Mask positions take source's elements in order: the k-th true element takes source.flatten()[k]."""
+    from .. import jaxfn
+
+    out = _meta(tr)
+    m = E.broadcast_to(E.convert(mask, torch.bool), tuple(out.shape))
+    if source.numel == 0 or out.numel() == 0:
+        return E.broadcast_to(x, tuple(out.shape))
+
+    def f(xv, mv, src):
+        import jax.numpy as jnp
+
+        flat = mv.reshape(-1)
+        k = jnp.clip(jnp.cumsum(flat.astype(jnp.int64)) - 1, 0, src.size - 1)
+        return jnp.where(flat, src.reshape(-1)[k], xv.reshape(-1)).reshape(xv.shape)
+
+    return jaxfn.call(tr, "masked_scatter", f, [E.broadcast_to(E.convert(x, out.dtype), tuple(out.shape)), m,
+                                                 E.convert(source, out.dtype)])[0]
+
+
+@lowering("index_add")
+def index_add(tr, x, dim, index, source, alpha=1):
+    """x with source's slices added at index along dim (duplicates accumulate)."""
+    from .. import jaxfn
+
+    if index.numel == 0:
+        return x
+    if x.rank == 0:
+        return E.reshape(index_add(tr, E.reshape(x, (1,)), 0, E.reshape(index, (1,)),
+                                   E.reshape(source, (1,)), alpha), ())
+    dim = dim % x.rank
+    size = x.shape[dim]
+    src = E.convert(source if source.rank else E.reshape(source, (1,)), x.dtype)
+
+    def f(xv, idx, s, a):
+        import jax.numpy as jnp
+
+        idx = jnp.where(idx < 0, idx + size, idx).reshape(-1)
+        upd = s & a if xv.dtype == jnp.bool_ else s * a
+        at = xv.at[(slice(None),) * dim + (idx,)]
+        return at.max(upd) if xv.dtype == jnp.bool_ else at.add(upd)  # bool: logical or
+
+    return jaxfn.call(tr, "index_add", f, [x, index, src, tr.scalar(alpha, x.dtype)], (dim,))[0]
+
+
+@lowering("sgn")
+def sgn(tr, x):
+    return E.unary("sign", x) if x.dtype != torch.bool else x

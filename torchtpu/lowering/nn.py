@@ -30,6 +30,61 @@ def threshold_backward(tr, grad, x, threshold):
     return E.select(E.compare(x, tr.scalar(threshold, x.dtype), "LE"), _c(grad, 0), grad)
 
 
+def _in_acc(fn):
+    """Computes an activation rule in float32 for half-precision tensors (as CPU kernels do) and rounds once."""
+
+    def rule(tr, *args):
+        dt = _meta(tr).dtype
+        return E.convert(fn(tr, *(E.convert(a, _acc(dt)) if isinstance(a, E.Value) else a for a in args)), dt)
+
+    return rule
+
+
+@lowering("hardtanh")
+@_in_acc
+def hardtanh(tr, x, min_val=-1, max_val=1):
+    return E.clamp(x, tr.scalar(min_val, x.dtype), tr.scalar(max_val, x.dtype))
+
+
+@lowering("hardtanh_backward")
+@_in_acc
+def hardtanh_backward(tr, grad, x, min_val, max_val):
+    outside = E.binary("or", E.compare(x, tr.scalar(min_val, x.dtype), "LE"),
+                       E.compare(x, tr.scalar(max_val, x.dtype), "GE"))
+    return E.select(outside, _c(grad, 0), grad)
+
+
+@lowering("leaky_relu")
+@_in_acc
+def leaky_relu(tr, x, negative_slope=0.01):
+    return E.select(E.compare(x, _c(x, 0), "GT"), x, E.mul(x, tr.scalar(negative_slope, x.dtype)))
+
+
+@lowering("leaky_relu_backward")
+@_in_acc
+def leaky_relu_backward(tr, grad, x, negative_slope, self_is_result):
+    return E.select(E.compare(x, _c(x, 0), "GT"), grad, E.mul(grad, tr.scalar(negative_slope, x.dtype)))
+
+
+@lowering("elu")
+@_in_acc
+def elu(tr, x, alpha=1, scale=1, input_scale=1):
+    neg = E.mul(E.unary("exponential_minus_one", E.mul(x, tr.scalar(input_scale, x.dtype))),
+                tr.scalar(alpha * scale, x.dtype))
+    return E.select(E.compare(x, _c(x, 0), "GT"), E.mul(x, tr.scalar(scale, x.dtype)), neg)
+
+
+@lowering("elu_backward")
+@_in_acc
+def elu_backward(tr, grad, alpha, scale, input_scale, is_result, x):
+    s = lambda v: tr.scalar(v, x.dtype)  # noqa: E731
+    if is_result:  # x is elu's output
+        neg = E.mul(E.mul(grad, s(input_scale)), E.add(x, s(alpha * scale)))
+    else:
+        neg = E.mul(E.mul(grad, s(input_scale * alpha * scale)), E.unary("exponential", E.mul(x, s(input_scale))))
+    return E.select(E.compare(x, _c(x, 0), "LE"), neg, E.mul(grad, s(scale)))
+
+
 def _gelu(x, approximate):
     if approximate == "tanh":
         inner = E.mul(_c(x, math.sqrt(2 / math.pi)), E.add(x, E.mul(_c(x, 0.044715), E.mul(x, E.mul(x, x)))))
@@ -288,3 +343,65 @@ def native_batch_norm_no_stats(tr, x, weight, bias, training, momentum, eps):
 @lowering("_native_batch_norm_legit_no_training")
 def native_batch_norm_no_training(tr, x, weight, bias, running_mean, running_var, momentum, eps):
     return native_batch_norm(tr, x, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+@lowering("native_batch_norm_backward")
+def native_batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd, train,
+                               eps, output_mask):
+    """Train: through the batch statistics; eval: a per-channel scale. Weight/bias gradients are sums."""
+    dt = x.dtype
+    acc = _acc(dt)
+    c = x.shape[1] if x.rank > 1 else 1
+    dims = [d for d in range(x.rank) if d != 1]
+    stat = lambda v: E.broadcast_in_dim(v, x.shape, [1])  # noqa: E731
+    xv, g = E.convert(x, acc), E.convert(grad, acc)
+    if train:
+        mean, invstd = E.convert(save_mean, acc), E.convert(save_invstd, acc)
+    else:
+        mean = E.convert(running_mean, acc)
+        invstd = E.unary("rsqrt", E.add(E.convert(running_var, acc), tr.scalar(eps, acc)))
+    xhat = E.mul(E.sub(xv, stat(mean)), stat(invstd))
+    w = E.convert(weight, acc) if weight is not None else E.const(x.fn, 1, acc, (c,))
+    sum_g = reduce(g, dims, "add", False)
+    sum_gx = reduce(E.mul(g, xhat), dims, "add", False)
+    res = []
+    if output_mask[0]:
+        scale = stat(E.mul(w, invstd))
+        if train:
+            n = x.numel // c
+            nn_ = E.const(x.fn, n, acc, (c,))
+            inner = E.sub(E.sub(g, stat(E.div(sum_g, nn_))), E.mul(xhat, stat(E.div(sum_gx, nn_))))
+            res.append(E.convert(E.mul(scale, inner), dt))
+        else:
+            res.append(E.convert(E.mul(scale, g), dt))
+    else:
+        res.append(E.const(x.fn, 0, dt, x.shape))
+    pdt = weight.dtype if weight is not None else dt
+    res.append(E.convert(sum_gx, pdt) if output_mask[1] else E.const(x.fn, 0, pdt, (c,)))
+    res.append(E.convert(sum_g, pdt) if output_mask[2] else E.const(x.fn, 0, pdt, (c,)))
+    return tuple(res)
+
+
+def _with_reserve(tr, outs):
+    """The new batch-norm API's 4th output: an empty uint8 reserve (used by cudnn/miopen only)."""
+    tr.out = (*tr.out, torch.empty((0,), dtype=torch.uint8, device="meta"))
+    return (*outs, E.const(tr.fn, 0, torch.uint8, (0,)))
+
+
+@lowering("_batch_norm_with_update")
+def batch_norm_with_update(tr, x, weight, bias, running_mean, running_var, momentum, eps):
+    return _with_reserve(tr, native_batch_norm(tr, x, weight, bias, running_mean, running_var, True, momentum, eps))
+
+
+@lowering("_batch_norm_no_update")
+def batch_norm_no_update(tr, x, weight, bias, running_mean, running_var, momentum, eps):
+    training = running_mean is None or running_var is None  # no running stats: batch statistics, no update
+    return _with_reserve(tr, native_batch_norm(tr, x, weight, bias, running_mean, running_var, training,
+                                               momentum, eps))
+
+
+@lowering("batch_norm_backward")
+def batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps,
+                        output_mask, reserve):
+    return native_batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd,
+                                      update, eps, output_mask)

@@ -7,7 +7,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering
+from ..registry import lowering, out_meta as _meta
 
 
 def _out_size(n, k, s, p, ceil_mode):
@@ -154,3 +154,111 @@ def _max_pool_backward_rule(nd):
 for _nd in (2, 3):
     lowering(f"max_pool{_nd}d_with_indices")(_max_pool_rule(_nd))
     lowering(f"max_pool{_nd}d_with_indices_backward")(_max_pool_backward_rule(_nd))
+
+
+# -- adaptive pooling: output cell i of a dim of size n -> m covers [floor(i*n/m), ceil((i+1)*n/m)) --------------
+def _adaptive_bounds(n, m):
+    return [((i * n) // m, -((-(i + 1) * n) // m)) for i in range(m)]
+
+
+def _avg_matrix(n, m):
+    """(m, n) matrix averaging each output cell's window: adaptive average pooling is separable."""
+    import numpy as np
+
+    a = np.zeros((m, n), np.float64)
+    for i, (lo, hi) in enumerate(_adaptive_bounds(n, m)):
+        a[i, lo:hi] = 1.0 / (hi - lo)
+    return a
+
+
+def _adaptive_avg(nd, x, sizes, transpose=False):
+    from .upsample import apply_separable
+
+    return apply_separable(x, [_avg_matrix(n, m) for n, m in sizes], transpose)
+
+
+def _adaptive_avg_rule(nd):
+    def rule(tr, x, output_size):
+        out = _meta(tr)
+        dt = out.dtype
+        acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        sizes = tuple((n, m) for n, m in zip(x.shape[-nd:], out.shape[-nd:]))
+        if out.numel() == 0:
+            return E.const(tr.fn, 0, dt, out.shape)
+        f = lambda v: _adaptive_avg(nd, v, sizes)  # noqa: E731
+        return E.convert(jaxfn.call(tr, f"adaptive_avg{nd}d", f, [E.convert(x, acc)], sizes)[0], dt)
+
+    return rule
+
+
+def _adaptive_avg_backward_rule(nd):
+    def rule(tr, g, x):
+        dt = _meta(tr).dtype
+        acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        sizes = tuple((n, m) for n, m in zip(x.shape[-nd:], g.shape[-nd:]))
+        if x.numel == 0:
+            return E.const(tr.fn, 0, dt, x.shape)
+        f = lambda v: _adaptive_avg(nd, v, sizes, transpose=True)  # noqa: E731
+        return E.convert(jaxfn.call(tr, f"adaptive_avg{nd}d_bwd", f, [E.convert(g, acc)], sizes)[0], dt)
+
+    return rule
+
+
+def _adaptive_max_fn(nd, spatial, out_sizes):
+    """Gathers every cell's (padded) window, masks the padding, and takes the first maximum (NaN wins)."""
+    import numpy as np
+
+    def f(x):
+        import jax.numpy as jnp
+
+        lead = x.ndim - nd
+        vals, flat = x, None
+        pos = []
+        for k in range(nd):
+            b = _adaptive_bounds(spatial[k], out_sizes[k])
+            kmax = max(hi - lo for lo, hi in b)
+            idx = np.array([[min(lo + j, hi - 1) for j in range(kmax)] for lo, hi in b])  # repeats stay in-window
+            pos.append(idx)
+        grids = np.meshgrid(*[p.reshape(-1) for p in pos], indexing="ij")  # over (o0*k0, o1*k1, ...)
+        vals = x[(Ellipsis, *grids)]
+        shape = [s for k in range(nd) for s in pos[k].shape]  # (o0, k0, o1, k1, ...)
+        vals = vals.reshape(x.shape[:lead] + tuple(shape))
+        strides = np.cumprod((spatial[1:] + (1,))[::-1])[::-1]
+        flat = sum(np.asarray(g, np.int64) * int(s) for g, s in zip(grids, strides)).reshape(shape)
+        order = list(range(lead)) + [lead + 2 * k for k in range(nd)] + [lead + 2 * k + 1 for k in range(nd)]
+        vals = jnp.transpose(vals, order).reshape(x.shape[:lead] + tuple(out_sizes) + (-1,))
+        flat = np.transpose(flat, [2 * k for k in range(nd)] + [2 * k + 1 for k in range(nd)])
+        flat = flat.reshape(tuple(out_sizes) + (-1,))
+        j = jnp.argmax(vals, axis=-1)  # first maximum; NaN counts as the maximum, as on CPU
+        best = jnp.take_along_axis(vals, j[..., None], -1)[..., 0]
+        return best, jnp.asarray(flat)[tuple(np.indices(out_sizes)) + (j,)].astype(jnp.int64)
+
+    return f
+
+
+def _adaptive_max_rule(nd):
+    def rule(tr, x, output_size):
+        out = _meta(tr, 0)
+        if out.numel() == 0:
+            return E.const(tr.fn, 0, out.dtype, out.shape), E.const(tr.fn, 0, torch.int64, out.shape)
+        spatial, sizes = tuple(x.shape[-nd:]), tuple(out.shape[-nd:])
+        v, i = jaxfn.call(tr, f"adaptive_max{nd}d", _adaptive_max_fn(nd, spatial, sizes), [x], (spatial, sizes))
+        return v, i
+
+    return rule
+
+
+def _adaptive_max_backward_rule(nd):
+    scatter_back = _max_pool_backward_rule(nd)
+
+    def rule(tr, g, x, indices):
+        return scatter_back(tr, g, x, None, None, None, None, None, indices)
+
+    return rule
+
+
+for _nd in (2, 3):
+    lowering(f"_adaptive_avg_pool{_nd}d")(_adaptive_avg_rule(_nd))
+    lowering(f"_adaptive_avg_pool{_nd}d_backward")(_adaptive_avg_backward_rule(_nd))
+    lowering(f"adaptive_max_pool{_nd}d")(_adaptive_max_rule(_nd))
+    lowering(f"adaptive_max_pool{_nd}d_backward")(_adaptive_max_backward_rule(_nd))
