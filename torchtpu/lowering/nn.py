@@ -172,14 +172,15 @@ def softmax_backward(tr, grad, y, dim, input_dtype):
     dt = _meta(tr).dtype
     g, yv = E.convert(grad, _acc(dt)), E.convert(y, _acc(dt))
     gy = E.mul(g, yv)
-    return E.convert(E.sub(gy, E.mul(yv, reduce(gy, [dim % max(y.rank, 1)], "add", True))), dt)
+    total = reduce(gy, [dim % y.rank], "add", True) if y.rank else gy  # 0-d: the sum over one element
+    return E.convert(E.sub(gy, E.mul(yv, total)), dt)
 
 
 @lowering("_log_softmax_backward_data")
 def log_softmax_backward(tr, grad, y, dim, input_dtype):
     dt = _meta(tr).dtype
     g, yv = E.convert(grad, _acc(dt)), E.convert(y, _acc(dt))
-    s = reduce(g, [dim % max(y.rank, 1)], "add", True)
+    s = reduce(g, [dim % y.rank], "add", True) if y.rank else g
     return E.convert(E.sub(g, E.mul(E.unary("exponential", yv), s)), dt)
 
 
