@@ -280,3 +280,31 @@ def topk(tr, x, k, dim=-1, largest=True, sorted=True):
     dim = dim % x.rank
     v, i = sort_values_indices(x, dim, largest)
     return E.slice_dim(v, dim, 0, k), E.slice_dim(i, dim, 0, k)
+
+
+@lowering("linalg_vector_norm")
+def vector_norm(tr, x, ord=2, dim=None, keepdim=False, dtype=None):
+    """‖x‖_ord over dim (all dims when None or empty): inf/-inf = max/min |x|, 0 = count of non-zeros,
+    otherwise (sum |x|^ord)^(1/ord); half precision accumulates in float32."""
+    out = _meta(tr)
+    dt = out.dtype
+    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    dims = list(range(x.rank)) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else \
+        [d % max(x.rank, 1) for d in ([dim] if isinstance(dim, int) else dim)]
+    dims = dims if x.rank else []
+    a = E.unary("abs", E.convert(x, acc))
+    c = lambda v: E.const(x.fn, v, acc, a.shape)  # noqa: E731
+    if ord == math.inf:
+        r = reduce(a, dims, "maximum", keepdim)
+    elif ord == -math.inf:
+        r = reduce(a, dims, "minimum", keepdim)
+    elif ord == 0:
+        r = reduce(E.convert(E.compare(a, c(0), "NE"), acc), dims, "add", keepdim)
+    elif ord == 1:
+        r = reduce(a, dims, "add", keepdim)
+    elif ord == 2:
+        r = E.unary("sqrt", reduce(E.mul(a, a), dims, "add", keepdim))
+    else:
+        s = reduce(E.binary("power", a, c(ord)), dims, "add", keepdim)
+        r = E.binary("power", s, E.const(x.fn, 1.0 / ord, acc, s.shape))
+    return E.convert(r, dt)
