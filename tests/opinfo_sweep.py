@@ -110,6 +110,23 @@ def _compare(expected, actual, dtype, on_tpu=True, op_name="", tol=None):
 # Ops whose indices for equal elements are unspecified unless stable=True (CPU's own order is not stable on
 # large inputs): compare the values, and check that the tpu indices pick those values from the input.
 _TIE_ORDER_FREE = {"sort", "argsort", "topk"}
+# Selections whose index among equal values is unspecified (CPU's quickselect): the values must match and
+# the tpu index must point at an element equal to the value.
+_SELECT_TIES = {"kthvalue", "median", "nanmedian", "mode"}
+
+
+def _compare_selection(sample, expected, actual, dtype):
+    _compare(expected[0], actual[0], dtype)
+    x, idx = sample.input, actual[1].cpu()
+    if x.dim() and idx.numel():
+        dim = sample.args[-2] if len(sample.args) >= 2 and isinstance(sample.args[-2], int) and \
+            not isinstance(sample.args[-1], int) else sample.kwargs.get("dim", next(
+                (a for a in sample.args[1:] if isinstance(a, int) and not isinstance(a, bool)), -1)
+                if len(sample.args) > 1 else (sample.args[0] if sample.args else -1))
+        keep = sample.kwargs.get("keepdim", sample.args[-1] if sample.args and isinstance(sample.args[-1], bool)
+                                 else False)
+        picked = x.gather(dim, idx if keep else idx.unsqueeze(dim))
+        _compare(expected[0] if keep else expected[0].unsqueeze(dim), picked, dtype, on_tpu=False)
 
 
 def _compare_tie_free(op, sample, expected, actual, dtype):
@@ -263,6 +280,8 @@ def run_sample(op, sample, dtype, grad=False) -> tuple[str, str]:
             actual = op(tpu.input, *tpu.args, **tpu.kwargs)
             if op.name in _TIE_ORDER_FREE and not sample.kwargs.get("stable", False):
                 _compare_tie_free(op, sample, expected, actual, dtype)
+            elif op.name in _SELECT_TIES and isinstance(expected, tuple):
+                _compare_selection(sample, expected, actual, dtype)
             else:
                 try:
                     _compare(expected, actual, dtype, op_name=op.name)

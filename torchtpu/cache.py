@@ -1,10 +1,15 @@
 """Executable cache shared by every mode: key = module text + everything that changes the code.
 
-Tier 1 is in memory. (A disk tier of serialized executables is the next step; see docs.)
+Tier 1 is in memory, least-recently-used first out beyond TORCHTPU_CACHE_ENTRIES executables (default 1024):
+each loaded executable holds code pages and memory mappings, and a long run over many shapes (the full OpInfo
+sweep compiles thousands) would otherwise exhaust them. (A disk tier of serialized executables is the next
+step; see docs.)
 """
 from __future__ import annotations
 
+import collections
 import hashlib
+import os
 import platform
 import threading
 import time
@@ -12,7 +17,8 @@ import time
 from . import metrics
 
 _lock = threading.Lock()
-_memory: dict[str, object] = {}
+_memory: collections.OrderedDict = collections.OrderedDict()
+MAX_ENTRIES = int(os.environ.get("TORCHTPU_CACHE_ENTRIES", "1024"))
 _context: str | None = None
 
 
@@ -47,8 +53,11 @@ def key(runtime, text: str, device_index: int) -> str:
 def get_or_compile(runtime, text: str, device_index: int = 0):
     # NOTE: a dict lookup on the text itself is cheaper than hashing it; the hash is only
     # needed for the (future) disk tier, so it is computed on a miss.
+    k = (device_index, text)
     with _lock:
-        exe = _memory.get((device_index, text))
+        exe = _memory.get(k)
+        if exe is not None:
+            _memory.move_to_end(k)
     if exe is not None:
         metrics.inc("cache_hits.memory")
         return exe
@@ -58,7 +67,10 @@ def get_or_compile(runtime, text: str, device_index: int = 0):
     metrics.add_time("compile_seconds", time.perf_counter() - t0)
     metrics.inc("compiles")
     with _lock:
-        _memory[(device_index, text)] = exe
+        _memory[k] = exe
+        while len(_memory) > MAX_ENTRIES:
+            _memory.popitem(last=False)
+            metrics.inc("cache_evictions")
     return exe
 
 

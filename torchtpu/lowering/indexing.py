@@ -374,3 +374,65 @@ def index_add(tr, x, dim, index, source, alpha=1):
 @lowering("sgn")
 def sgn(tr, x):
     return E.unary("sign", x) if x.dtype != torch.bool else x
+
+
+@direct("_unique")
+def unique_legacy(self, sorted=True, return_inverse=False):
+    values, inverse, _ = unique2(self, sorted, return_inverse, False)
+    return values, inverse
+
+
+def _unique_runs(rows, perm, dev):
+    """rows (n, m) in final order -> (first index of each run, run number per row, run count k)."""
+    n = rows.shape[0]
+    starts = torch.ones(n, dtype=torch.bool, device=dev)
+    if n > 1:
+        starts[1:] = (rows[1:] != rows[:-1]).any(1)
+    pos = torch.cumsum(starts.to(torch.int64), 0) - 1
+    k = int(_X.read_host(pos[-1:], "unique").item()) + 1
+    return torch.nonzero_static(starts, size=k).reshape(-1), pos, k
+
+
+def _unique_slices(self, dim, sort, return_inverse, return_counts):
+    """Unique slices along dim (flattened elements when dim is None): sorted lexicographically on the device
+    (a stable sort per column, last column first) or, for unique_consecutive, in place; the run count is
+    learned by one counted host sync."""
+    import math
+
+    dev = self.device
+    if dim is None:
+        x, d = self.reshape(-1), 0
+    else:
+        d = dim % max(self.dim(), 1)
+        x = self.movedim(d, 0) if self.dim() else self.reshape(1)
+    n = x.shape[0]
+    rows = x.reshape(n, math.prod(x.shape[1:]))
+    if n == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=dev)
+        return (x if dim is None else x.movedim(0, d)), torch.zeros(self.shape if dim is None else (0,),
+                                                                    dtype=torch.int64, device=dev), empty
+    perm = torch.arange(n, device=dev)
+    if sort:
+        for c in reversed(range(rows.shape[1])):
+            _, order = torch.sort(rows.index_select(0, perm)[:, c], stable=True)
+            perm = perm.index_select(0, order)
+    srt = rows.index_select(0, perm) if sort else rows
+    first, pos, k = _unique_runs(srt, perm, dev)
+    values = srt.index_select(0, first).reshape((k,) + tuple(x.shape[1:]))
+    values = values if dim is None else values.movedim(0, d)
+    inverse = torch.zeros(n, dtype=torch.int64, device=dev).scatter(0, perm, pos)
+    inverse = inverse.reshape(self.shape) if dim is None else inverse
+    counts = torch.zeros(k, dtype=torch.int64, device=dev).scatter_add(0, pos, torch.ones_like(pos))
+    return values, inverse, counts
+
+
+@direct("unique_dim")
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    _metrics.inc("op.unique_dim")
+    return _unique_slices(self, dim, True, return_inverse, return_counts)
+
+
+@direct("unique_consecutive")
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    _metrics.inc("op.unique_consecutive")
+    return _unique_slices(self, dim, False, return_inverse, return_counts)
