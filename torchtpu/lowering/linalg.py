@@ -212,6 +212,7 @@ def _empty_det(tr, sign_log):
 def det(tr, a):
     if a.shape[-1] == 0:
         return _empty_det(tr, False)
+
     def f(x):
         import jax.numpy as jnp
 
@@ -225,6 +226,7 @@ def det(tr, a):
 def slogdet(tr, a):
     if a.shape[-1] == 0:
         return _empty_det(tr, True)
+
     def f(x):
         import jax.numpy as jnp
 

@@ -87,24 +87,19 @@ def _kth_pos(jnp, valid, n, k):
     return k - 1 + jnp.zeros_like(valid)
 
 
-@lowering("median")
-def median(tr, x):
-    return _select(tr, "median", x, 0, False, True, _median_pos)
+def _median_rules(name, pick):
+    def whole(tr, x):
+        return _select(tr, name, x, 0, False, True, pick)
+
+    def along(tr, x, dim, keepdim=False):
+        return _select(tr, name, x, dim, keepdim, False, pick)
+
+    lowering(name)(whole)
+    lowering(f"{name}.dim")(along)
 
 
-@lowering("median.dim")
-def median_dim(tr, x, dim, keepdim=False):
-    return _select(tr, "median", x, dim, keepdim, False, _median_pos)
-
-
-@lowering("nanmedian")
-def nanmedian(tr, x):
-    return _select(tr, "nanmedian", x, 0, False, True, _nanmedian_pos)
-
-
-@lowering("nanmedian.dim")
-def nanmedian_dim(tr, x, dim, keepdim=False):
-    return _select(tr, "nanmedian", x, dim, keepdim, False, _nanmedian_pos)
+_median_rules("median", _median_pos)
+_median_rules("nanmedian", _nanmedian_pos)
 
 
 @lowering("kthvalue")

@@ -1,0 +1,83 @@
+"""Behaviour the OpInfo sweep does not pin down: LAPACK-style errors, host-sync counts of data-dependent ops,
+where tpu follows cuda rather than a CPU bug, and no fallback on the paths models use."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+
+
+def _no_fallback():
+    return not any(k.startswith("fallback.") for k in torchtpu.metrics.counters())
+
+
+def test_cholesky_of_non_positive_definite_names_the_minor():
+    a = torch.tensor([[4.0, 2.0, 0.0], [2.0, 5.0, 0.0], [0.0, 0.0, -1.0]])  # third leading minor fails
+    _, info = torch.linalg.cholesky_ex(a.to("tpu"))
+    assert info.item() == torch.linalg.cholesky_ex(a)[1].item() == 3
+    with pytest.raises(RuntimeError, match="order 3 is not positive-definite"):
+        torch.linalg.cholesky(a.to("tpu"))
+    assert _no_fallback()
+
+
+def test_singular_solve_and_inverse_raise_like_cpu():
+    a = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+    assert torch.linalg.inv_ex(a.to("tpu"))[1].item() == torch.linalg.inv_ex(a)[1].item() == 2
+    with pytest.raises(RuntimeError, match="singular"):
+        torch.linalg.solve(a.to("tpu"), torch.ones(2, device="tpu"))
+
+
+def test_solve_gradient_matches_cpu():
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    b = torch.randn(4, 2)
+    ac, bc = a.clone().requires_grad_(), b.clone().requires_grad_()
+    torch.linalg.solve(ac, bc).square().sum().backward()
+    at, bt = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
+    torch.linalg.solve(at, bt).square().sum().backward()
+    torch.testing.assert_close(at.grad.cpu(), ac.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bt.grad.cpu(), bc.grad, rtol=1e-4, atol=1e-4)
+    assert _no_fallback()
+
+
+def test_embedding_bag_scale_grad_by_freq_divides_by_each_index_count():
+    # CPU's dense backward divides by the wrong count here (pytorch/pytorch#190063, fixed after 2.13);
+    # tpu follows the documented definition, as cuda does.
+    w = torch.ones(4, 3, device="tpu", requires_grad=True)
+    out = F.embedding_bag(torch.tensor([1, 1, 3], device="tpu"), w, torch.tensor([0], device="tpu"),
+                          mode="sum", scale_grad_by_freq=True)
+    out.sum().backward()
+    assert w.grad[:, 0].cpu().tolist() == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_unique_dim_and_consecutive_sync_once_each():
+    x = torch.tensor([[1, 2], [0, 5], [1, 2], [0, 5], [3, 3]])
+    torchtpu.metrics.reset()
+    v, inv, cnt = torch.unique(x.to("tpu"), dim=0, return_inverse=True, return_counts=True)
+    ev, einv, ecnt = torch.unique(x, dim=0, return_inverse=True, return_counts=True)
+    assert torch.equal(v.cpu(), ev) and torch.equal(inv.cpu(), einv) and torch.equal(cnt.cpu(), ecnt)
+    assert torchtpu.metrics.counters()["host_sync.unique"] == 1
+    y = torch.tensor([1, 1, 2, 2, 2, 1, 3])
+    v, cnt = torch.unique_consecutive(y.to("tpu"), return_counts=True)
+    assert torch.equal(v.cpu(), torch.tensor([1, 2, 1, 3])) and torch.equal(cnt.cpu(), torch.tensor([2, 3, 1, 1]))
+    assert _no_fallback()
+
+
+def test_nonzero_static_needs_no_host_sync():
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]], device="tpu")
+    torchtpu.metrics.reset()
+    idx = torch.nonzero_static(x, size=3, fill_value=-1)
+    assert "host_syncs" not in torchtpu.metrics.counters()
+    assert idx.cpu().tolist() == [[0, 1], [1, 0], [-1, -1]]
+
+
+def test_interpolate_and_grid_sample_train_without_fallback():
+    x = torch.randn(2, 3, 8, 8)
+    grid = torch.rand(2, 5, 5, 2) * 2 - 1
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    gc, gt = grid.clone().requires_grad_(), grid.to("tpu").requires_grad_()
+    for xx, gg in ((xc, gc), (xt, gt)):
+        up = F.interpolate(xx, scale_factor=2, mode="bilinear", align_corners=False)
+        F.grid_sample(up, gg, mode="bicubic", padding_mode="reflection", align_corners=False).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gt.grad.cpu(), gc.grad, rtol=1e-3, atol=1e-3)
+    assert _no_fallback()
