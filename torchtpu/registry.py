@@ -365,6 +365,21 @@ def _opname(op) -> str:
     return s.name.split("::")[-1] + ("." + s.overload_name if s.overload_name else "")
 
 
+def _into_out_args(op, kwargs, result):
+    """An .out decomposition must leave its result in the out= tensors; some return a fresh tensor instead
+    (e.g. reflection_pad1d.out for bfloat16, whose opmath wrapper computes in float32): copy it there."""
+    outs = [kwargs[a.name] for a in op._schema.arguments if a.is_out and a.name in kwargs]
+    if not outs:
+        return result
+    res = result if isinstance(result, (tuple, list)) else (result,)
+    for o, r in zip(outs, res):
+        if isinstance(r, torch.Tensor) and r is not o:
+            if o.shape != r.shape:
+                o.resize_(r.shape)
+            o.copy_(r)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def fallback(op, *args, **kwargs):
     name = _opname(op)
     decomp = torch._decomp.decomposition_table.get(op)
@@ -383,7 +398,7 @@ def fallback(op, *args, **kwargs):
             active.discard(op)
         if out is not NotImplemented:  # a decomposition may decline a case
             metrics.inc("decomposed." + name)
-            return out
+            return _into_out_args(op, kwargs, out)
     return cpu_fallback(op, name, args, kwargs)
 
 

@@ -160,12 +160,40 @@ def div(tr, a, b, rounding_mode=None):
     av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
     if rounding_mode is None:
         return E.div(av, bv)
+    if rounding_mode == "floor" and dt in (torch.float16, torch.bfloat16):  # floor from the float32 quotient
+        return E.convert(div(_Retyped(tr, torch.float32), E.convert(av, torch.float32), E.convert(bv, torch.float32),
+                             rounding_mode), dt)
     if rounding_mode == "trunc":
         q = E.div(av, bv)
         return q if not dt.is_floating_point else E.select(E.compare(q, E.const(q.fn, 0, dt), "LT"), E.unary("ceil", q), E.unary("floor", q))
     if dt.is_floating_point:
-        return E.unary("floor", E.div(av, bv))
+        return _floor_div_float(av, bv)
     return _floor_div_int(av, bv)
+
+
+class _Retyped:
+    """A Trace stand-in whose output dtype is `dtype` (to reuse a rule at a wider precision)."""
+
+    def __init__(self, tr, dtype):
+        self._tr, self.out = tr, torch.empty((), dtype=dtype, device="meta")
+
+    def __getattr__(self, name):
+        return getattr(self._tr, name)
+
+
+def _floor_div_float(a, b):
+    """CPU's floor division: from fmod, so a quotient just below an integer is not rounded up first."""
+    c = lambda v: E.const(a.fn, v, a.dtype, a.shape)  # noqa: E731
+    mod = E.binary("remainder", a, b)
+    q = E.div(E.sub(a, mod), b)
+    fix = E.binary("and", E.compare(mod, c(0), "NE"),
+                   E.compare(E.compare(b, c(0), "LT"), E.compare(mod, c(0), "LT"), "NE"))
+    q = E.select(fix, E.sub(q, c(1)), q)
+    fl = E.unary("floor", q)
+    q = E.select(E.compare(q, c(0), "NE"),
+                 E.add(fl, E.convert(E.compare(E.sub(q, fl), c(0.5), "GT"), a.dtype)),
+                 E.mul(E.div(a, b), c(0)))  # zero takes the sign of a / b
+    return E.select(E.compare(b, c(0), "EQ"), E.div(a, b), q)
 
 
 @lowering("remainder.Tensor", "remainder.Scalar")
@@ -264,7 +292,21 @@ def lerp(tr, a, b, w):
     return E.add(av, E.mul(_operand(tr, w, dt), E.sub(bv, av)))
 
 
+def _half_in_f32(rule):
+    """Computes a float16/bfloat16 rule in float32 and rounds once, as CPU's opmath kernels do."""
+
+    def wrapped(tr, *args, **kwargs):
+        dt = _out_dtype(tr)
+        if dt not in (torch.float16, torch.bfloat16):
+            return rule(tr, *args, **kwargs)
+        up = [E.convert(a, torch.float32) if isinstance(a, E.Value) else a for a in args]
+        return E.convert(rule(_Retyped(tr, torch.float32), *up, **kwargs), dt)
+
+    return wrapped
+
+
 @lowering("addcmul")
+@_half_in_f32
 def addcmul(tr, x, t1, t2, value=1):
     dt = _out_dtype(tr)
     prod = E.mul(E.convert(t1, dt), E.convert(t2, dt))
@@ -272,6 +314,7 @@ def addcmul(tr, x, t1, t2, value=1):
 
 
 @lowering("addcdiv")
+@_half_in_f32
 def addcdiv(tr, x, t1, t2, value=1):
     dt = _out_dtype(tr)
     q = E.div(E.convert(t1, dt), E.convert(t2, dt))
