@@ -19,6 +19,12 @@ def const(fn, value, dtype, shape=()) -> Value:
     return broadcast_to(v, shape) if tuple(shape) else v
 
 
+def acc_dtype(dt):
+    """The dtype a kernel computes in: float32 for float16/bfloat16 (rounded once at the end, as CPU's opmath
+    kernels do), the dtype itself otherwise."""
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+
+
 def convert(x: Value, dtype) -> Value:
     if x.dtype == dtype:
         return x

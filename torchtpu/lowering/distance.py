@@ -15,9 +15,6 @@ from .. import jaxfn
 from ..registry import lowering, out_meta
 
 
-def _cdt(dt):
-    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-
 
 def _direct(x1, x2, p):
     import jax.numpy as jnp
@@ -74,7 +71,7 @@ def _call(tr, name, f, args, static):
     out = out_meta(tr)
     if any(a.numel == 0 for a in args):  # an empty batch or matrix: nothing to sum, zeros (as CPU returns)
         return E.const(tr.fn, 0, out.dtype, out.shape)
-    cdt = _cdt(out.dtype)
+    cdt = E.acc_dtype(out.dtype)
     res = jaxfn.call(tr, name, f, [E.convert(a, cdt) for a in args], static)[0]
     return E.broadcast_to(E.convert(res, out.dtype), tuple(out.shape))
 

@@ -355,7 +355,7 @@ def round_decimals(tr, x, decimals=0):
     if not x.dtype.is_floating_point:
         return x
     dt = x.dtype
-    xv = E.convert(x, torch.float32 if dt in (torch.float16, torch.bfloat16) else dt)
+    xv = E.convert(x, E.acc_dtype(dt))
     scale = E.const(xv.fn, 10.0 ** abs(decimals), xv.dtype, xv.shape)
     if decimals >= 0:  # as PyTorch's CPU kernel: nearbyint(x * 10^d) / 10^d, or the mirror for d < 0
         r = E.div(E.unary("round_nearest_even", E.mul(xv, scale)), scale)

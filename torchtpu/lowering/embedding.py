@@ -16,9 +16,6 @@ from ..registry import inplace_lowering, lowering, out_meta
 SUM, MEAN, MAX = 0, 1, 2
 
 
-def _acc(dt):
-    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-
 
 def _offset2bag(jnp, offsets, n, num_bags):
     pos = jnp.arange(n, dtype=offsets.dtype)
@@ -31,7 +28,7 @@ def embedding_bag(tr, weight, indices, offsets, scale_grad_by_freq=False, mode=S
     out, _, _, maxi = (out_meta(tr, i) for i in range(4))
     num_bags, n = out.shape[0], indices.numel
     has_psw = per_sample_weights is not None
-    acc = _acc(weight.dtype)
+    acc = E.acc_dtype(weight.dtype)
 
     def f(w, idx, offs, *psw):
         import jax.numpy as jnp
@@ -72,7 +69,7 @@ def embedding_bag(tr, weight, indices, offsets, scale_grad_by_freq=False, mode=S
 def embedding_bag_dense_backward(tr, grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
                                  scale_grad_by_freq, mode, per_sample_weights=None, padding_idx=-1):
     has_psw = per_sample_weights is not None
-    acc = _acc(grad.dtype)
+    acc = E.acc_dtype(grad.dtype)
 
     def f(g, idx, o2b, bsize, maxi, *psw):
         import jax.numpy as jnp
@@ -112,7 +109,7 @@ def embedding_bag_backward(tr, grad, indices, offsets, offset2bag, bag_size, max
 
 @lowering("_embedding_bag_per_sample_weights_backward")
 def embedding_bag_psw_backward(tr, grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
-    acc = _acc(grad.dtype)
+    acc = E.acc_dtype(grad.dtype)
 
     def f(g, w, idx, o2b):
         import jax.numpy as jnp
@@ -128,7 +125,7 @@ def embedding_bag_psw_backward(tr, grad, weight, indices, offsets, offset2bag, m
 @inplace_lowering("embedding_renorm_")
 def embedding_renorm_(tr, weight, indices, max_norm, norm_type):
     """Rows named by indices whose norm exceeds max_norm are scaled to max_norm (each row once)."""
-    acc = _acc(weight.dtype)
+    acc = E.acc_dtype(weight.dtype)
 
     def f(w, idx):
         import jax.numpy as jnp

@@ -98,16 +98,13 @@ def _sampler(interp, padding, align):
     return f
 
 
-def _acc(dt):
-    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-
 
 def _forward_rule(nd):
     def rule(tr, inp, grid, interpolation_mode, padding_mode, align_corners):
         out = out_meta(tr)
         if out.numel() == 0:
             return E.const(tr.fn, 0, out.dtype, out.shape)
-        acc = _acc(out.dtype)
+        acc = E.acc_dtype(out.dtype)
         static = (interpolation_mode, padding_mode, bool(align_corners))
         res = jaxfn.call(tr, f"grid_sampler_{nd}d", _sampler(*static), [E.convert(inp, acc), E.convert(grid, acc)],
                          static)[0]
@@ -121,7 +118,7 @@ def _backward_rule(nd):
         gi, gg = out_meta(tr, 0), out_meta(tr, 1)
         if grad.numel == 0 or inp.numel == 0:
             return E.const(tr.fn, 0, inp.dtype, inp.shape), E.const(tr.fn, 0, grid.dtype, grid.shape)
-        acc = _acc(inp.dtype)
+        acc = E.acc_dtype(inp.dtype)
         static = (interpolation_mode, padding_mode, bool(align_corners))
         f = _sampler(*static)
 

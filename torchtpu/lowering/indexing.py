@@ -171,7 +171,7 @@ def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_
     if padding_idx is not None and padding_idx >= 0:
         keep = E.compare(idx, E.const(tr.fn, padding_idx, torch.int64, (n,)), "NE")
         g = E.select(E.broadcast_in_dim(keep, (n, d), [0]), g, E.const(tr.fn, 0, g.dtype, (n, d)))
-    acc = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
+    acc = E.acc_dtype(g.dtype)
     zeros = E.const(tr.fn, 0, acc, (num_weights, d))
     out = E.scatter(zeros, E.reshape(idx, (n, 1)), E.convert(g, acc), [1], [0], [0], 1, "stablehlo.add")
     return E.convert(out, grad.dtype)

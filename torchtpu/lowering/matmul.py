@@ -11,7 +11,7 @@ def _dot(a, b, lb, rb, lc, rc, out_dtype):
     if a.dtype != b.dtype:  # the meta kernels do not check this; CPU and CUDA do
         raise RuntimeError(f"expected both operands to have the same dtype, but got {a.dtype} and {b.dtype}")
     # NOTE: low-precision inputs accumulate in f32 (as CPU and TPU MXUs do), then round once.
-    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    acc = E.acc_dtype(out_dtype)
     return E.convert(E.dot_general(E.convert(a, out_dtype), E.convert(b, out_dtype), lb, rb, lc, rc, acc), out_dtype)
 
 

@@ -12,9 +12,6 @@ from .elementwise import _erf
 from .reduction import reduce
 
 
-def _acc(dt):
-    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-
 
 def _c(x, v):
     return E.const(x.fn, v, x.dtype, x.shape)
@@ -35,7 +32,7 @@ def _in_acc(fn):
 
     def rule(tr, *args):
         dt = _meta(tr).dtype
-        return E.convert(fn(tr, *(E.convert(a, _acc(dt)) if isinstance(a, E.Value) else a for a in args)), dt)
+        return E.convert(fn(tr, *(E.convert(a, E.acc_dtype(dt)) if isinstance(a, E.Value) else a for a in args)), dt)
 
     return rule
 
@@ -95,13 +92,13 @@ def _gelu(x, approximate):
 @lowering("gelu")
 def gelu(tr, x, approximate="none"):
     dt = x.dtype
-    return E.convert(_gelu(E.convert(x, _acc(dt)), approximate), dt)
+    return E.convert(_gelu(E.convert(x, E.acc_dtype(dt)), approximate), dt)
 
 
 @lowering("gelu_backward")
 def gelu_backward(tr, grad, x, approximate="none"):
     dt = x.dtype
-    xv, g = E.convert(x, _acc(dt)), E.convert(grad, _acc(dt))
+    xv, g = E.convert(x, E.acc_dtype(dt)), E.convert(grad, E.acc_dtype(dt))
     if approximate == "tanh":
         k, c3 = math.sqrt(2 / math.pi), 0.044715
         x2 = E.mul(xv, xv)
@@ -139,7 +136,7 @@ def tanh_backward(tr, grad, y):
 
 
 def _softmax_parts(x, dim, dt):
-    xv = E.convert(x, _acc(dt))
+    xv = E.convert(x, E.acc_dtype(dt))
     m = reduce(xv, [dim], "maximum", True)
     sh = E.sub(xv, m)
     e = E.unary("exponential", sh)
@@ -170,7 +167,7 @@ def log_softmax(tr, x, dim, half_to_float):
 @lowering("_softmax_backward_data")
 def softmax_backward(tr, grad, y, dim, input_dtype):
     dt = _meta(tr).dtype
-    g, yv = E.convert(grad, _acc(dt)), E.convert(y, _acc(dt))
+    g, yv = E.convert(grad, E.acc_dtype(dt)), E.convert(y, E.acc_dtype(dt))
     gy = E.mul(g, yv)
     total = reduce(gy, [dim % y.rank], "add", True) if y.rank else gy  # 0-d: the sum over one element
     return E.convert(E.sub(gy, E.mul(yv, total)), dt)
@@ -179,7 +176,7 @@ def softmax_backward(tr, grad, y, dim, input_dtype):
 @lowering("_log_softmax_backward_data")
 def log_softmax_backward(tr, grad, y, dim, input_dtype):
     dt = _meta(tr).dtype
-    g, yv = E.convert(grad, _acc(dt)), E.convert(y, _acc(dt))
+    g, yv = E.convert(grad, E.acc_dtype(dt)), E.convert(y, E.acc_dtype(dt))
     s = reduce(g, [dim % y.rank], "add", True) if y.rank else g
     return E.convert(E.sub(g, E.mul(E.unary("exponential", yv), s)), dt)
 
@@ -187,7 +184,7 @@ def log_softmax_backward(tr, grad, y, dim, input_dtype):
 @lowering("native_layer_norm")
 def native_layer_norm(tr, x, normalized_shape, weight, bias, eps):
     dt = x.dtype
-    acc = _acc(dt)
+    acc = E.acc_dtype(dt)
     k = len(normalized_shape)
     dims = list(range(x.rank - k, x.rank))
     n = math.prod(normalized_shape)
@@ -209,7 +206,7 @@ def native_layer_norm(tr, x, normalized_shape, weight, bias, eps):
 @lowering("native_layer_norm_backward")
 def native_layer_norm_backward(tr, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     dt = x.dtype
-    acc = _acc(dt)
+    acc = E.acc_dtype(dt)
     k = len(normalized_shape)
     axis = x.rank - k
     inner = list(range(axis, x.rank))
@@ -298,7 +295,7 @@ def native_batch_norm(tr, x, weight, bias, running_mean, running_var, training, 
     """Train: batch statistics, running stats updated in place in the same program. Eval: running stats;
     the saved statistics are empty, as on CPU."""
     dt = x.dtype
-    acc = _acc(dt)
+    acc = E.acc_dtype(dt)
     c = x.shape[1] if x.rank > 1 else 1
     dims = [d for d in range(x.rank) if d != 1]
     stat = lambda v: E.broadcast_in_dim(v, x.shape, [1])  # noqa: E731
@@ -351,7 +348,7 @@ def native_batch_norm_backward(tr, grad, x, weight, running_mean, running_var, s
                                eps, output_mask):
     """Train: through the batch statistics; eval: a per-channel scale. Weight/bias gradients are sums."""
     dt = x.dtype
-    acc = _acc(dt)
+    acc = E.acc_dtype(dt)
     c = x.shape[1] if x.rank > 1 else 1
     dims = [d for d in range(x.rank) if d != 1]
     stat = lambda v: E.broadcast_in_dim(v, x.shape, [1])  # noqa: E731

@@ -181,7 +181,7 @@ def _adaptive_avg_rule(nd):
     def rule(tr, x, output_size):
         out = _meta(tr)
         dt = out.dtype
-        acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        acc = E.acc_dtype(dt)
         sizes = tuple((n, m) for n, m in zip(x.shape[-nd:], out.shape[-nd:]))
         if out.numel() == 0:
             return E.const(tr.fn, 0, dt, out.shape)
@@ -194,7 +194,7 @@ def _adaptive_avg_rule(nd):
 def _adaptive_avg_backward_rule(nd):
     def rule(tr, g, x):
         dt = _meta(tr).dtype
-        acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        acc = E.acc_dtype(dt)
         sizes = tuple((n, m) for n, m in zip(x.shape[-nd:], g.shape[-nd:]))
         if x.numel == 0:
             return E.const(tr.fn, 0, dt, x.shape)

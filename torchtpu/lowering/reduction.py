@@ -82,7 +82,7 @@ def _count(x, dims):
 def mean(tr, x, dim=None, keepdim=False, dtype=None):
     dt = _meta(tr).dtype
     dims = _dims(x, dim)
-    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    acc = E.acc_dtype(dt)
     s = reduce(x, dims, "add", keepdim, acc)
     return E.convert(E.div(s, E.const(x.fn, _count(x, dims), acc, s.shape)), dt)
 
@@ -192,7 +192,7 @@ def argmin(tr, x, dim=None, keepdim=False):
 
 
 def _var(x, dims, correction, keepdim, dt):
-    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    acc = E.acc_dtype(dt)
     xv = E.convert(x, acc)
     n = _count(x, dims)
     s = reduce(xv, dims, "add", True, acc)
@@ -288,7 +288,7 @@ def vector_norm(tr, x, ord=2, dim=None, keepdim=False, dtype=None):
     otherwise (sum |x|^ord)^(1/ord); half precision accumulates in float32."""
     out = _meta(tr)
     dt = out.dtype
-    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    acc = E.acc_dtype(dt)
     dims = list(range(x.rank)) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else \
         [d % max(x.rank, 1) for d in ([dim] if isinstance(dim, int) else dim)]
     dims = dims if x.rank else []

@@ -13,9 +13,6 @@ from .. import jaxfn
 from ..registry import lowering, out_meta
 
 
-def _compute_dtype(dt):
-    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-
 
 def _elementwise(name, f, n_outputs=1):
     """A rule applying the JAX function `f` to the op's tensor/scalar operands (promoted to the output dtype)."""
@@ -23,7 +20,7 @@ def _elementwise(name, f, n_outputs=1):
     def rule(tr, *operands):
         out = out_meta(tr)
         dt = out.dtype
-        cdt = _compute_dtype(dt)
+        cdt = E.acc_dtype(dt)
         vals = [E.convert(x, cdt) if isinstance(x, E.Value) else tr.scalar(x, cdt) for x in operands]
         res = jaxfn.call(tr, name, f, vals)
         return E.convert(res[0], dt) if n_outputs == 1 else tuple(res)
@@ -192,7 +189,7 @@ def frexp(tr, x):
         m, e = jnp.frexp(v)
         return m, e.astype(jnp.int32)
 
-    m, e = jaxfn.call(tr, "frexp", f, [E.convert(x, _compute_dtype(mant.dtype))])
+    m, e = jaxfn.call(tr, "frexp", f, [E.convert(x, E.acc_dtype(mant.dtype))])
     return E.convert(m, mant.dtype), E.convert(e, expo.dtype)
 
 

@@ -102,15 +102,12 @@ def _matrices(kind, in_sizes, out_sizes, align_corners, scales):
     return [make(n, m, align_corners, s) for n, m, s in zip(in_sizes, out_sizes, scales)]
 
 
-def _acc(dt):
-    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-
 
 def _run(tr, name, x, key, transpose, dt, shape):
     if math.prod(shape) == 0:
         return E.const(tr.fn, 0, dt, shape)
     f = lambda v: apply_separable(v, _matrices(*key), transpose)  # noqa: E731
-    return E.convert(jaxfn.call(tr, name, f, [E.convert(x, _acc(dt))], (transpose, key))[0], dt)
+    return E.convert(jaxfn.call(tr, name, f, [E.convert(x, E.acc_dtype(dt))], (transpose, key))[0], dt)
 
 
 def _forward_rule(kind, nd, has_align):
