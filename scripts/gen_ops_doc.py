@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/gen_ops_doc.py          # sweep subset: float32, first 2 samples per op (~2 min)
     .venv/bin/python scripts/gen_ops_doc.py --full   # every dtype and sample, dtypes over 2 processes
+    options: --jobs N (processes of the full run), --raw FILE (every sample's status and detail, as JSON)
 """
 import collections
 import os
@@ -42,6 +43,11 @@ def sweep_section(full, jobs):
     t0 = time.time()
     res = _full_sweep(jobs) if full else opinfo_sweep.sweep(dtypes=[torch.float32], max_samples=2)
     secs = time.time() - t0
+    if "--raw" in sys.argv:  # every sample's (status, detail), for looking into a run without repeating it
+        import json
+
+        with open(sys.argv[sys.argv.index("--raw") + 1], "w") as f:
+            json.dump({" | ".join(k): v for k, v in sorted(res.items())}, f, indent=0)
     samples, ops, per_op = opinfo_sweep.summarize(res)
     core = opinfo_sweep.core_summary(res)
     ran = sum(v for k, v in core.items() if k != "skipped")

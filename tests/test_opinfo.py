@@ -11,16 +11,7 @@ import opinfo_sweep as S
 FULL = os.environ.get("TORCHTPU_SWEEP") == "full"
 
 # Silent wrong answers known today, each with what is known. The test fails on any other.
-KNOWN_WRONG = {  # from the full run of 2026-11-30 (docs/ops.md), after the fixes of that day; unexamined
-    ("addcdiv", "", "bfloat16"): "gradient, 2 of 12 samples: half-precision rounding of t1/t2 terms",
-    ("histc", "", "float16"): "2 of 96 samples: a value on a bin edge lands in the neighbouring bin",
-    ("ldexp", "", "bfloat16"): "gradient, 3 of 9 samples",
-    ("masked.normalize", "", "float16"): "gradient, 1 of 30 samples",
-    ("msort", "", "bfloat16"): "gradient, 1 of 2 samples: equal elements, gradient routed by tie order",
-    ("msort", "", "float16"): "gradient, 1 of 2 samples: equal elements, gradient routed by tie order",
-    ("nn.functional.normalize", "", "bfloat16"): "gradient, 1 of 8 samples",
-    ("nn.functional.linear_cross_entropy", "chunked_none", "bfloat16"): "gradient",
-}
+KNOWN_WRONG = {}  # (op, variant, dtype) -> why; empty since the full run of 2026-11-30 (docs/ops.md)
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,12 @@ def _transposed(stride, padding, dilation, groups, nd, out_shape):
         # output has more positions than x; PyTorch treats those as absent, i.e. zero.
         x = jnp.pad(x, [(0, 0), (0, 0)] + [(0, m - s) for m, s in zip(y.shape[2:], x.shape[2:])])
         return vjp(x)[0]
-    return _in_f32(f)
+
+    def g(x, w):  # jax.vjp has no integer tangents: integer inputs go through float64 (exact below 2**53)
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            return f(x.astype(jnp.float64), w.astype(jnp.float64)).astype(x.dtype)
+        return f(x, w)
+    return _in_f32(g)
 
 
 def _conv_fn(stride, padding, dilation, transposed, groups, nd, out_shape):

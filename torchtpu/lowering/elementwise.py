@@ -111,6 +111,19 @@ def _erf(x):
     return E.convert(r, x.dtype)
 
 
+def _half_in_f32(rule):
+    """Computes a float16/bfloat16 rule in float32 and rounds once, as CPU's opmath kernels do."""
+
+    def wrapped(tr, *args, **kwargs):
+        dt = _out_dtype(tr)
+        if dt not in (torch.float16, torch.bfloat16):
+            return rule(tr, *args, **kwargs)
+        up = [E.convert(a, torch.float32) if isinstance(a, E.Value) else a for a in args]
+        return E.convert(rule(_Retyped(tr, torch.float32), *up, **kwargs), dt)
+
+    return wrapped
+
+
 # -- binary ops -------------------------------------------------------------------------------------
 def _binary(hlo_name, with_alpha=False):
     def rule(tr, a, b, alpha=1):
@@ -125,9 +138,26 @@ def _binary(hlo_name, with_alpha=False):
     return rule
 
 
-lowering("add.Tensor", "add.Scalar")(_binary("add", True))
-lowering("sub.Tensor", "sub.Scalar")(_binary("subtract", True))
-lowering("mul.Tensor", "mul.Scalar")(_binary("multiply"))
+def _half_operands_rounded(rule):
+    """add/sub in float16/bfloat16 as CPU: the operands (a Python scalar, a wider 0-d tensor) and alpha are
+    rounded to the dtype first, then `a + alpha * b` is computed in float32 and rounded once."""
+    inner = _half_in_f32(rule)
+
+    def wrapped(tr, a, b, alpha=1):
+        dt = _out_dtype(tr)
+        if dt in (torch.float16, torch.bfloat16):
+            a, b = (E.convert(v, dt) if isinstance(v, E.Value) else float(torch.tensor(v, dtype=dt)) for v in (a, b))
+            alpha = float(torch.tensor(alpha, dtype=dt))
+        return inner(tr, a, b, alpha)
+
+    return wrapped
+
+
+# Arithmetic in float16/bfloat16 runs in float32 and rounds once, as CPU's opmath kernels do. mul and div keep a
+# Python scalar (or a wider 0-d tensor) at float32; add and sub round it (and alpha) to the dtype first.
+lowering("add.Tensor", "add.Scalar")(_half_operands_rounded(_binary("add", True)))
+lowering("sub.Tensor", "sub.Scalar")(_half_operands_rounded(_binary("subtract", True)))
+lowering("mul.Tensor", "mul.Scalar")(_half_in_f32(_binary("multiply")))
 lowering("maximum")(_binary("maximum"))
 lowering("minimum")(_binary("minimum"))
 lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "logical_and")(_binary("and"))
@@ -136,6 +166,7 @@ lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "logical_xor")(_binary("xor
 
 
 @lowering("rsub.Tensor", "rsub.Scalar")
+@_half_operands_rounded
 def rsub(tr, a, b, alpha=1):
     dt = _out_dtype(tr)
     av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
@@ -157,18 +188,25 @@ def _floor_div_int(a, b):
 @lowering("div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode")
 def div(tr, a, b, rounding_mode=None):
     dt = _out_dtype(tr)
+    if dt in (torch.float16, torch.bfloat16):
+        # As CPU: the float32 quotient (a scalar kept at float32) is rounded once; trunc truncates the rounded
+        # quotient, floor works on the float32 values.
+        if rounding_mode == "trunc":
+            return _trunc(_half_in_f32(div)(tr, a, b))
+        return _half_in_f32(div)(tr, a, b, rounding_mode)
     av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
     if rounding_mode is None:
         return E.div(av, bv)
-    if rounding_mode == "floor" and dt in (torch.float16, torch.bfloat16):  # floor from the float32 quotient
-        return E.convert(div(_Retyped(tr, torch.float32), E.convert(av, torch.float32), E.convert(bv, torch.float32),
-                             rounding_mode), dt)
     if rounding_mode == "trunc":
         q = E.div(av, bv)
-        return q if not dt.is_floating_point else E.select(E.compare(q, E.const(q.fn, 0, dt), "LT"), E.unary("ceil", q), E.unary("floor", q))
+        return _trunc(q) if dt.is_floating_point else q
     if dt.is_floating_point:
         return _floor_div_float(av, bv)
     return _floor_div_int(av, bv)
+
+
+def _trunc(q):
+    return E.select(E.compare(q, E.const(q.fn, 0, q.dtype), "LT"), E.unary("ceil", q), E.unary("floor", q))
 
 
 class _Retyped:
@@ -214,6 +252,8 @@ def fmod(tr, a, b):
 
 @lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
 def pow_(tr, a, b):
+    # NOTE: a Python exponent is rounded to the tensor's dtype first, as CPU does (x ** 0.3 in bfloat16 uses
+    # 0.30078125); unlike add/mul, pow does not keep a float32 scalar.
     dt = _out_dtype(tr)
     if not isinstance(b, E.Value) and b == 2:
         av = _operand(tr, a, dt)
@@ -290,19 +330,6 @@ def lerp(tr, a, b, w):
     dt = _out_dtype(tr)
     av, bv = E.convert(a, dt), E.convert(b, dt)
     return E.add(av, E.mul(_operand(tr, w, dt), E.sub(bv, av)))
-
-
-def _half_in_f32(rule):
-    """Computes a float16/bfloat16 rule in float32 and rounds once, as CPU's opmath kernels do."""
-
-    def wrapped(tr, *args, **kwargs):
-        dt = _out_dtype(tr)
-        if dt not in (torch.float16, torch.bfloat16):
-            return rule(tr, *args, **kwargs)
-        up = [E.convert(a, torch.float32) if isinstance(a, E.Value) else a for a in args]
-        return E.convert(rule(_Retyped(tr, torch.float32), *up, **kwargs), dt)
-
-    return wrapped
 
 
 @lowering("addcmul")

@@ -9,6 +9,7 @@ import torch
 from .. import emit as E
 from ..registry import lowering, out_meta as _meta
 from .elementwise import _erf
+from .elementwise import _half_in_f32 as _in_acc  # activation rules: halves computed in float32, rounded once
 from .reduction import reduce
 
 
@@ -25,16 +26,6 @@ def relu(tr, x):
 @lowering("threshold_backward")
 def threshold_backward(tr, grad, x, threshold):
     return E.select(E.compare(x, tr.scalar(threshold, x.dtype), "LE"), _c(grad, 0), grad)
-
-
-def _in_acc(fn):
-    """Computes an activation rule in float32 for half-precision tensors (as CPU kernels do) and rounds once."""
-
-    def rule(tr, *args):
-        dt = _meta(tr).dtype
-        return E.convert(fn(tr, *(E.convert(a, E.acc_dtype(dt)) if isinstance(a, E.Value) else a for a in args)), dt)
-
-    return rule
 
 
 @lowering("hardtanh")
