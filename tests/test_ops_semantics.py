@@ -81,3 +81,58 @@ def test_interpolate_and_grid_sample_train_without_fallback():
     torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(gt.grad.cpu(), gc.grad, rtol=1e-3, atol=1e-3)
     assert _no_fallback()
+
+
+def test_half_precision_arithmetic_keeps_float32_scalars_like_cpu():
+    # CPU (and cuda) compute bf16/f16 add/sub/mul/div in float32 with a Python scalar kept at float32 and round
+    # once; rounding 3.14 to bfloat16 first (3.140625) gives a different answer for ~1 element in 4.
+    x = torch.randn(4096).to(torch.bfloat16)
+    y = torch.randn(4096).to(torch.bfloat16)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    for f in (lambda a, b: a * 3.14, lambda a, b: a / 3.3, lambda a, b: a.add(b, alpha=0.3), lambda a, b: 1.7 - a,
+              lambda a, b: a * torch.tensor(0.1, dtype=torch.float32, device=a.device), lambda a, b: torch.addcdiv(a, a, b.abs() + 1, value=3.14)):
+        assert torch.equal(f(xt, yt).cpu(), f(x, y))
+    # pow rounds its exponent to the tensor's dtype, as CPU does
+    assert torch.equal((xt.abs() ** 0.3).cpu(), x.abs() ** 0.3)
+    assert _no_fallback()
+
+
+def test_integer_ops_at_the_edges():
+    x = torch.tensor([5, -5, 1, -1, 7], dtype=torch.int32)
+    s = torch.tensor([0, 1, 31, 32, -1], dtype=torch.int32)
+    xt, st = x.to("tpu"), s.to("tpu")
+    assert torch.equal((xt << st).cpu(), x << s) and torch.equal((xt >> st).cpu(), x >> s)
+    assert torch.equal((xt >> 40).cpu(), x >> 40)  # sign fill, as on CPU
+    a = torch.tensor([0, 12, -12, 7, 0, -2 ** 31, 9], dtype=torch.int32)
+    b = torch.tensor([0, -18, 18, 0, -5, 0, 6], dtype=torch.int32)
+    assert torch.equal(torch.gcd(a.to("tpu"), b.to("tpu")).cpu(), torch.gcd(a, b))  # gcd(INT_MIN, 0) = INT_MIN
+    assert torch.equal(torch.lcm(a.to("tpu"), b.to("tpu")).cpu(), torch.lcm(a, b))
+    assert _no_fallback()
+
+
+def test_bincount_syncs_once_and_mode_picks_the_smallest_most_frequent():
+    i = torch.tensor([0, 2, 2, 5, 2])
+    w = torch.rand(5)
+    torchtpu.metrics.reset()
+    out = torch.bincount(i.to("tpu"), w.to("tpu"), minlength=8)
+    assert out.dtype == torch.float32 and out.shape == (8,)
+    torch.testing.assert_close(out.cpu(), torch.bincount(i, w, minlength=8))
+    assert torchtpu.metrics.counters()["host_sync.bincount"] == 1
+    with pytest.raises(RuntimeError, match="non-negative"):
+        torch.bincount(torch.tensor([-1, 2], device="tpu"))
+    x = torch.tensor([[3, 1, 1, 3, 2], [2, 2, 5, 5, 0]])
+    v, idx = torch.mode(x.to("tpu"), 1)
+    assert v.cpu().tolist() == [1, 2] and idx.cpu().tolist() == [2, 1]  # CPU: the last index of the value
+    assert _no_fallback()
+
+
+def test_antialiased_resize_trains_without_fallback():
+    x = torch.randn(2, 3, 17, 23)
+    for mode in ("bilinear", "bicubic"):
+        xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+        outs = [F.interpolate(xx, size=(5, 40), mode=mode, antialias=True) for xx in (xc, xt)]
+        torch.testing.assert_close(outs[1].cpu(), outs[0], rtol=1e-5, atol=1e-5)
+        for o in outs:
+            (o * o).sum().backward()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    assert _no_fallback()

@@ -199,6 +199,33 @@ def masked_select(self, mask):
     return self.expand(shape).reshape(-1).index_select(0, flat_idx)
 
 
+@direct("bincount")
+def bincount(self, weights=None, minlength=0):
+    """Counts (or weight sums) of each value of a 1-d non-negative integer tensor. The length, max(x) + 1,
+    is learned by one counted host sync (it reads min and max together); the counting is an index_add."""
+    _metrics.inc("op.bincount")
+    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+        raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs (got {self.dtype}"
+                           f"{list(self.shape)} on {self.device}).")
+    if minlength < 0:
+        raise RuntimeError(f"bincount: minlength should be >= 0, got {minlength}")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError(f"bincount: weights should be 1-d and have the same length as input (input "
+                           f"{list(self.shape)}, weights {list(weights.shape)})")
+    dtype = torch.int64 if weights is None else torch.float32 if weights.dtype == torch.float32 else torch.float64
+    n = minlength
+    if self.numel():
+        lo, hi = _X.read_host(torch.stack([self.min(), self.max()]).to(torch.int64), "bincount").tolist()
+        if lo < 0:
+            raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs (min value {lo}).")
+        n = max(hi + 1, minlength)
+    out = torch.zeros(n, dtype=dtype, device=self.device)
+    if not self.numel():
+        return out
+    src = torch.ones(self.shape, dtype=dtype, device=self.device) if weights is None else weights.to(dtype)
+    return out.index_add_(0, self.to(torch.int64), src)
+
+
 def _masks_to_indices(args, kwargs):
     """Boolean mask indices become the long indices of their true elements (a host sync, as on cuda)."""
     x, indices, *rest = args
@@ -271,7 +298,9 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
     def scat(base, upd, comb):
         return E.scatter(base, coords, upd, [], list(range(x.rank)), list(range(x.rank)), 1, comb)
 
-    ident = _init(x.fn, "add" if kind == "add" else kind, x.dtype) if x.dtype != torch.bool else None
+    if x.dtype == torch.bool:  # sums and maxima of booleans are "or", products and minima "and"
+        kind = {"add": "or", "multiply": "and", "maximum": "or", "minimum": "and"}[kind]
+    ident = _init(x.fn, kind, x.dtype)
     touched = scat(E.const(x.fn, False, torch.bool, x.shape), E.const(x.fn, True, torch.bool, (n,)), None)
     base = x if include_self else E.select(touched, E.broadcast_to(ident, x.shape), x)
     out = scat(base, src_v, f"stablehlo.{kind}")

@@ -107,6 +107,43 @@ def kthvalue(tr, x, k, dim=-1, keepdim=False):
     return _select(tr, "kthvalue", x, dim, keepdim, False, _kth_pos, k)
 
 
+@lowering("mode")
+def mode(tr, x, dim=-1, keepdim=False):
+    """The most frequent value of each slice (the smallest among equally frequent ones, NaNs counted as one
+    value) and the last index holding it, as CPU: a stable sort, run lengths from run starts/ends, argmax."""
+    if x.rank == 0:
+        return x, E.const(tr.fn, 0, torch.int64, ())
+    d = dim % x.rank
+
+    def f(v):
+        import jax.numpy as jnp
+        from jax import lax
+
+        v = jnp.moveaxis(v, d, -1)
+        n = v.shape[-1]
+        order = jnp.argsort(v, axis=-1, stable=True)  # NaN last; equal values keep index order
+        s = jnp.take_along_axis(v, order, axis=-1)
+        nan = (s != s) if jnp.issubdtype(s.dtype, jnp.floating) else jnp.zeros(s.shape, bool)
+        same = (s[..., 1:] == s[..., :-1]) | (nan[..., 1:] & nan[..., :-1])
+        edge = jnp.ones(s.shape[:-1] + (1,), bool)
+        start = jnp.concatenate([edge, ~same], -1)
+        end = jnp.concatenate([~same, edge], -1)
+        pos = lax.broadcasted_iota(jnp.int32, s.shape, s.ndim - 1)
+        first = lax.cummax(jnp.where(start, pos, 0), axis=s.ndim - 1)
+        last = lax.cummin(jnp.where(end, pos, n - 1), axis=s.ndim - 1, reverse=True)
+        best = jnp.argmax(last - first, axis=-1, keepdims=True)  # first maximum: the smallest value
+        val = jnp.take_along_axis(s, best, axis=-1)
+        ind = jnp.take_along_axis(order, jnp.take_along_axis(last, best, axis=-1), axis=-1)
+        if not keepdim:
+            val, ind = val[..., 0], ind[..., 0]
+        else:
+            val, ind = jnp.moveaxis(val, -1, d), jnp.moveaxis(ind, -1, d)
+        return val, ind.astype(jnp.int64)
+
+    val, ind = jaxfn.call(tr, "mode", f, [x], (d, bool(keepdim)))
+    return E.convert(val, out_meta(tr, 0).dtype), ind
+
+
 @lowering("histc")
 def histc(tr, x, bins=100, min=0, max=0):
     """Counts in `bins` equal bins over [min, max] (the data's range when both are 0); the top edge falls
@@ -116,7 +153,7 @@ def histc(tr, x, bins=100, min=0, max=0):
     def f(v):
         import jax.numpy as jnp
 
-        v = v.reshape(-1)
+        v = v.reshape(-1).astype(jnp.promote_types(v.dtype, jnp.float32))  # cuda's accscalar arithmetic
         lo, hi = jnp.asarray(min, v.dtype), jnp.asarray(max, v.dtype)
         if min == 0 and max == 0 and v.size:
             lo, hi = jnp.min(v), jnp.max(v)

@@ -201,3 +201,83 @@ def spherical_bessel_j0(tr, x):
         return jnp.where(v == 0, jnp.ones_like(v), jnp.sin(v) / jnp.where(v == 0, jnp.ones_like(v), v))
 
     return _elementwise("spherical_bessel_j0", f)(tr, x)
+
+
+def _gcd(a, b):
+    """CPU's Euclid loop on |a|, |b| (a while loop over the whole array). |INT_MIN| wraps and stays negative,
+    so gcd(INT_MIN, 0) = INT_MIN as on CPU (jnp.gcd never ends there: it keeps the pair ordered)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def body(ab):
+        a, b = ab
+        nz = a != 0
+        return jnp.where(nz, lax.rem(b, jnp.where(nz, a, 1)), a), jnp.where(nz, a, b)
+
+    a, b = jnp.broadcast_arrays(a, b)
+    return lax.while_loop(lambda ab: jnp.any(ab[0] != 0), body, (jnp.abs(a), jnp.abs(b)))[1]
+
+
+def _lcm(a, b):
+    import jax.numpy as jnp
+    from jax import lax
+
+    a, b = jnp.broadcast_arrays(a, b)
+    g = _gcd(a, b)
+    return jnp.where(g == 0, 0, jnp.abs(lax.div(a, jnp.where(g == 0, 1, g)) * b)).astype(a.dtype)
+
+
+lowering("gcd")(_elementwise("gcd", _gcd))
+lowering("lcm")(_elementwise("lcm", _lcm))
+
+
+def _shift(left):
+    """x << s / x >> s on integers: a shift by a negative amount or by the bit width or more gives 0 (left) or
+    the sign fill (right, arithmetic), as on CPU; StableHLO leaves those out-of-range shifts to the backend."""
+
+    def rule(tr, a, b):
+        dt = out_meta(tr).dtype
+        x = E.convert(a, dt) if isinstance(a, E.Value) else tr.scalar(a, dt)
+        s = E.convert(b, dt) if isinstance(b, E.Value) else tr.scalar(b, dt)
+        shape = E.broadcast_shapes(x.shape, s.shape)
+        x, s = E.broadcast_to(x, shape), E.broadcast_to(s, shape)
+        c = lambda v: E.const(x.fn, v, dt, shape)  # noqa: E731
+        bits = torch.iinfo(dt).bits if dt != torch.bool else 1
+        in_range = E.binary("and", E.compare(s, c(0), "GE"), E.compare(s, c(bits), "LT"))
+        if left:
+            return E.select(in_range, E.binary("shift_left", x, s), c(0))
+        fill = E.binary("shift_right_arithmetic", x, c(bits - 1)) if dt.is_signed else c(0)
+        shr = "shift_right_arithmetic" if dt.is_signed else "shift_right_logical"
+        return E.select(in_range, E.binary(shr, x, s), fill)
+
+    return rule
+
+
+lowering("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
+         "__lshift__.Tensor", "__lshift__.Scalar")(_shift(True))
+lowering("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
+         "__rshift__.Tensor", "__rshift__.Scalar")(_shift(False))
+
+
+@lowering("angle")
+def angle(tr, x):
+    """Argument of a real number: pi for negatives, 0 otherwise (-0.0 included), NaN stays NaN."""
+    dt = out_meta(tr).dtype
+    v = E.convert(x, dt)
+    c = lambda val: E.const(v.fn, val, dt, v.shape)  # noqa: E731
+    r = E.select(E.compare(v, c(0), "LT"), c(3.141592653589793), c(0))
+    return E.select(E.compare(v, v, "NE"), v, r)
+
+
+@lowering("logit_backward")
+def logit_backward(tr, grad, x, eps=None):
+    """grad / (x (1 - x)); with eps, 0 outside [eps, 1 - eps]; without, NaN outside [0, 1]. Halves in float32."""
+    dt = out_meta(tr).dtype
+    cdt = E.acc_dtype(dt)
+    g, v = E.convert(grad, cdt), E.convert(x, cdt)
+    c = lambda val: E.const(v.fn, val, cdt, v.shape)  # noqa: E731
+    d = E.div(g, E.mul(v, E.sub(c(1), v)))
+    lo, hi = (0.0, 1.0) if eps is None or eps < 0 else (eps, 1.0 - eps)
+    outside = E.binary("or", E.compare(v, c(lo), "LT"), E.compare(v, c(hi), "GT"))
+    r = E.select(outside, c(float("nan") if eps is None or eps < 0 else 0.0), d)
+    return E.convert(r, dt)

@@ -1,4 +1,5 @@
-"""upsample_* / interpolate (nearest, nearest-exact, linear, bilinear, trilinear, bicubic) and their gradients.
+"""upsample_* / interpolate (nearest, nearest-exact, linear, bilinear, trilinear, bicubic, antialiased bilinear
+and bicubic) and their gradients.
 
 Every mode is separable: along each spatial dim the output is a fixed (out, in) weight matrix times the input,
 so the forward is one matmul per dim and the gradient is the transposed matmul (MXU work on a TPU, no
@@ -92,12 +93,48 @@ def _cubic(n_in, n_out, align_corners, scale):
     return m
 
 
+def _aa_filter(kind):
+    if kind == "linear_aa":
+        return lambda x: max(_F(0), _F(1) - abs(x))
+
+    a = _F(-0.5)  # antialiased bicubic uses a = -0.5 (PIL's), plain bicubic -0.75
+
+    def cubic(x):
+        x = abs(x)
+        if x < 1:
+            return ((a + 2) * x - (a + 3)) * x * x + 1
+        return (((x - 5) * x + 8) * x - 4) * a if x < 2 else _F(0)
+
+    return cubic
+
+
+def _antialias(kind, n_in, n_out, align_corners, scale):
+    """Antialiased resampling (PIL's): a downscale widens the filter by the scale, each output row sums the
+    taps of [center - support, center + support) normalised to 1 -- CPU's float32 arithmetic."""
+    m = np.zeros((n_out, n_in))
+    s = _scale(n_in, n_out, align_corners, scale)
+    interp = 2 if kind == "linear_aa" else 4
+    support = _F(interp * 0.5) * s if s >= 1 else _F(interp * 0.5)
+    inv = _F(1) / s if s >= 1 else _F(1)
+    filt = _aa_filter(kind)
+    for o in range(n_out):
+        center = _F(s * _F(o + 0.5))
+        lo = max(int(_F(center - support + _F(0.5))), 0)
+        hi = min(int(_F(center + support + _F(0.5))), n_in)
+        w = np.array([filt(_F(_F(j - center + _F(0.5)) * inv)) for j in range(lo, hi)], dtype=_F)
+        total = w.sum(dtype=_F)
+        m[o, lo:hi] = w / total if total != 0 else w
+    return m
+
+
 @functools.lru_cache(maxsize=256)
 def _matrices(kind, in_sizes, out_sizes, align_corners, scales):
     """Per-dim weight matrices; cached, since a training loop asks for the same ones every step."""
     scales = list(scales) + [None] * (len(in_sizes) - len(scales))
     if kind in ("nearest", "nearest_exact"):
         return [_nearest(n, m, s, kind == "nearest_exact") for n, m, s in zip(in_sizes, out_sizes, scales)]
+    if kind.endswith("_aa"):
+        return [_antialias(kind, n, m, align_corners, s) for n, m, s in zip(in_sizes, out_sizes, scales)]
     make = _cubic if kind == "cubic" else _linear
     return [make(n, m, align_corners, s) for n, m, s in zip(in_sizes, out_sizes, scales)]
 
@@ -134,6 +171,7 @@ for _nd in (1, 2, 3):
         lowering(_op)(_forward_rule(_kind, _nd, False))
         lowering(f"{_op}_backward")(_backward_rule(_kind, _nd, False))
 for _op, _kind, _nd in (("upsample_linear1d", "linear", 1), ("upsample_bilinear2d", "linear", 2),
-                        ("upsample_trilinear3d", "linear", 3), ("upsample_bicubic2d", "cubic", 2)):
+                        ("upsample_trilinear3d", "linear", 3), ("upsample_bicubic2d", "cubic", 2),
+                        ("_upsample_bilinear2d_aa", "linear_aa", 2), ("_upsample_bicubic2d_aa", "cubic_aa", 2)):
     lowering(_op)(_forward_rule(_kind, _nd, True))
     lowering(f"{_op}_backward")(_backward_rule(_kind, _nd, True))
