@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/gen_ops_doc.py          # sweep subset: float32, first 2 samples per op (~2 min)
     .venv/bin/python scripts/gen_ops_doc.py --full   # every dtype and sample, dtypes over 2 processes
-    options: --jobs N (processes of the full run), --raw FILE (every sample's status and detail, as JSON)
+    options: --jobs N (processes of the full run), --raw FILE (every sample's status and detail, as JSON),
+             --rerun RAW OP[,OP...] [--seconds S] (a full run's --raw results with those ops run again)
 """
 import collections
 import os
@@ -41,13 +42,29 @@ def _full_sweep(jobs):
 
 def sweep_section(full, jobs):
     t0 = time.time()
-    res = _full_sweep(jobs) if full else opinfo_sweep.sweep(dtypes=[torch.float32], max_samples=2)
-    secs = time.time() - t0
+    rerun_note = ""
+    if "--rerun" in sys.argv:  # a full run's raw results, with some ops run again (every dtype and sample)
+        import json
+
+        i = sys.argv.index("--rerun")
+        with open(sys.argv[i + 1]) as f:
+            data = json.load(f)
+        names = set(sys.argv[i + 2].split(","))
+        raw = data.get("results", data)
+        secs = data.get("seconds") or float(sys.argv[sys.argv.index("--seconds") + 1])
+        res = {tuple(k.split(" | ")): [tuple(x) for x in v] for k, v in raw.items() if k.split(" | ")[0] not in names}
+        part = opinfo_sweep.sweep(ops=names)
+        res.update(part)
+        rerun_note = (f" After that full run, {', '.join(f'`{n}`' for n in sorted(names))} were run again at a later "
+                      f"commit (every dtype and sample, {time.time() - t0:.0f} s) and replace its rows.")
+    else:
+        res = _full_sweep(jobs) if full else opinfo_sweep.sweep(dtypes=[torch.float32], max_samples=2)
+        secs = time.time() - t0
     if "--raw" in sys.argv:  # every sample's (status, detail), for looking into a run without repeating it
         import json
 
         with open(sys.argv[sys.argv.index("--raw") + 1], "w") as f:
-            json.dump({" | ".join(k): v for k, v in sorted(res.items())}, f, indent=0)
+            json.dump({"seconds": secs, "results": {" | ".join(k): v for k, v in sorted(res.items())}}, f, indent=0)
     samples, ops, per_op = opinfo_sweep.summarize(res)
     core = opinfo_sweep.core_summary(res)
     ran = sum(v for k, v in core.items() if k != "skipped")
@@ -59,7 +76,7 @@ def sweep_section(full, jobs):
              "Each sample runs on cpu and tpu and is compared, forward and, for differentiable float samples, "
              "the gradient; an (op, dtype) takes the worst status of its samples. "
              "CI runs the float32 first-2-samples subset (tests/test_opinfo.py); `TORCHTPU_SWEEP=full` runs "
-             "everything in pytest.",
+             "everything in pytest." + rerun_note,
              "Regenerate: `.venv/bin/python scripts/gen_ops_doc.py [--full [--jobs N]]`.", "",
              f"**Core ATen** (op_db entries whose ATen op carries `torch.Tag.core`, float32): {ran} samples ran; "
              f"lowered {core.get('lowered', 0)} ({100 * core.get('lowered', 0) / max(ran, 1):.1f}%), "
@@ -78,7 +95,7 @@ def sweep_section(full, jobs):
 
 
 def main():
-    full = "--full" in sys.argv
+    full = "--full" in sys.argv or "--rerun" in sys.argv
     jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else 2
     rules = sorted(registry.RULES)
     foreach = sorted(n for n in registry.registered_ops() if n.startswith("_foreach_"))

@@ -136,3 +136,32 @@ def test_antialiased_resize_trains_without_fallback():
             (o * o).sum().backward()
         torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
     assert _no_fallback()
+
+
+def test_padded_convolutions_train_without_fallback():
+    # padding_mode="reflect"/"replicate" convolutions pad explicitly: the pad's gradient must stay on tpu
+    x = torch.randn(2, 3, 9, 7)
+    for mode in ("reflect", "replicate"):
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(3, 4, 3, padding=2, padding_mode=mode)
+        conv_t = torch.nn.Conv2d(3, 4, 3, padding=2, padding_mode=mode).to("tpu")
+        conv_t.load_state_dict(conv.state_dict())
+        xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+        for m, xx in ((conv, xc), (conv_t, xt)):
+            F.softshrink(m(xx), 0.1).square().sum().backward()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(conv_t.weight.grad.cpu(), conv.weight.grad, rtol=1e-4, atol=1e-4)
+    assert _no_fallback()
+
+
+def test_repeat_interleave_with_tensor_repeats_syncs_once_unless_sized():
+    r = torch.tensor([2, 0, 3, 1])
+    v = torch.arange(4.0)
+    torchtpu.metrics.reset()
+    assert torch.equal(torch.repeat_interleave(v.to("tpu"), r.to("tpu")).cpu(), torch.repeat_interleave(v, r))
+    assert torchtpu.metrics.counters()["host_sync.repeat_interleave"] == 1
+    torchtpu.metrics.reset()
+    out = torch.repeat_interleave(v.to("tpu"), r.to("tpu"), output_size=6)
+    assert "host_sync.repeat_interleave" not in torchtpu.metrics.counters()
+    assert torch.equal(out.cpu(), torch.repeat_interleave(v, r))
+    assert _no_fallback()

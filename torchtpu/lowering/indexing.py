@@ -226,6 +226,25 @@ def bincount(self, weights=None, minlength=0):
     return out.index_add_(0, self.to(torch.int64), src)
 
 
+@direct("repeat_interleave.Tensor")
+def repeat_interleave(repeats, output_size=None):
+    """Index i repeated repeats[i] times. The length, sum(repeats), costs one counted host sync unless
+    output_size is given; the indices come from a searchsorted over the running sum, on the device."""
+    _metrics.inc("op.repeat_interleave")
+    if repeats.dim() != 1 or repeats.dtype.is_floating_point or repeats.dtype == torch.bool:
+        raise RuntimeError(f"repeat_interleave: repeats must be a 1-d integer tensor, got {repeats.dtype}"
+                           f"{list(repeats.shape)} on {repeats.device}")
+    if output_size is None:
+        lo, total = (_X.read_host(torch.stack([repeats.min(), repeats.sum()]).to(torch.int64), "repeat_interleave")
+                     .tolist() if repeats.numel() else (0, 0))
+        if lo < 0:
+            raise RuntimeError("repeat_interleave: repeats can not be negative")
+        output_size = total
+    ends = repeats.to(torch.int64).cumsum(0)
+    pos = torch.arange(output_size, dtype=torch.int64, device=repeats.device)
+    return torch.searchsorted(ends, pos, right=True).to(repeats.dtype)
+
+
 def _masks_to_indices(args, kwargs):
     """Boolean mask indices become the long indices of their true elements (a host sync, as on cuda)."""
     x, indices, *rest = args

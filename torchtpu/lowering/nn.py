@@ -394,3 +394,32 @@ def batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mea
                         output_mask, reserve):
     return native_batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd,
                                       update, eps, output_mask)
+
+
+@lowering("hardshrink_backward", "softshrink_backward")
+def shrink_backward(tr, grad, x, lambd):
+    """The gradient passes where |x| > lambd, as CPU: zero for -lambd <= x <= lambd."""
+    dt = _meta(tr).dtype
+    xv = E.convert(x, E.acc_dtype(dt))
+    lam = tr.scalar(lambd, xv.dtype)
+    inside = E.binary("and", E.compare(xv, E.unary("negate", lam), "GE"), E.compare(xv, lam, "LE"))
+    return E.select(inside, _c(grad, 0), E.convert(grad, dt))
+
+
+@lowering("hardshrink")
+def hardshrink(tr, x, lambd=0.5):
+    """0 for -lambd <= x <= lambd, x elsewhere (NaN stays)."""
+    xv = E.convert(x, _meta(tr).dtype)
+    lam = tr.scalar(lambd, E.acc_dtype(xv.dtype))
+    w = E.convert(xv, lam.dtype)
+    inside = E.binary("and", E.compare(w, E.unary("negate", lam), "GE"), E.compare(w, lam, "LE"))
+    return E.select(inside, _c(xv, 0), xv)
+
+
+@lowering("softshrink")
+@_in_acc
+def softshrink(tr, x, lambd=0.5):
+    """x - lambd above lambd, x + lambd below -lambd, x * 0 between (so -0.0 and NaN stay, as on CPU)."""
+    lam = tr.scalar(lambd, x.dtype)
+    return E.select(E.compare(x, lam, "GT"), E.sub(x, lam),
+                    E.select(E.compare(x, E.unary("negate", lam), "LT"), E.add(x, lam), E.mul(x, _c(x, 0))))
