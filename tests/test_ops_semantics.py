@@ -165,3 +165,20 @@ def test_repeat_interleave_with_tensor_repeats_syncs_once_unless_sized():
     assert "host_sync.repeat_interleave" not in torchtpu.metrics.counters()
     assert torch.equal(out.cpu(), torch.repeat_interleave(v, r))
     assert _no_fallback()
+
+
+def test_segment_reduce_initial_ties_and_zeros_as_cpu():
+    d = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, float("nan")])
+    lengths = torch.tensor([2, 0, 3, 1])
+    for red in ("sum", "mean", "max", "min", "prod"):
+        for init in (None, 10.0):
+            torch.testing.assert_close(
+                torch.segment_reduce(d.to("tpu"), red, lengths=lengths.to("tpu"), initial=init).cpu(),
+                torch.segment_reduce(d, red, lengths=lengths, initial=init), equal_nan=True)
+    for x in (torch.tensor([3.0, 3.0, 1.0, 2.0, 2.0]), torch.tensor([0.0, 3.0, 0.0, 2.0, 0.0])):  # ties, zeros
+        for red in ("max", "min", "prod", "mean"):
+            a, b = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+            for xx in (a, b):
+                torch.segment_reduce(xx, red, lengths=torch.tensor([2, 3], device=xx.device)).sum().backward()
+            torch.testing.assert_close(b.grad.cpu(), a.grad)
+    assert _no_fallback()
