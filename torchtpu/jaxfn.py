@@ -48,4 +48,22 @@ def call(tr, name: str, f, args: list[Value], static=()) -> list[Value]:
     return tr.fn.op_multi("func.call", args, results, attrs=f"callee = @{fname}")
 
 
-__all__ = ["call"]
+def acc_dtype(dt):
+    """The JAX twin of emit.acc_dtype: float32 for bfloat16/float16 arrays, the dtype itself otherwise."""
+    import jax.numpy as jnp
+
+    return jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt
+
+
+def vjp_in_acc(f, grad, x):
+    """The gradient of f at x for the cotangent grad (broadcast to f's output), computed in acc_dtype and
+    rounded once to x's dtype."""
+    import jax
+    import jax.numpy as jnp
+
+    wide = acc_dtype(x.dtype)
+    out, vjp = jax.vjp(f, x.astype(wide))
+    return vjp(jnp.broadcast_to(grad.astype(wide), out.shape))[0].astype(x.dtype)
+
+
+__all__ = ["acc_dtype", "call", "vjp_in_acc"]

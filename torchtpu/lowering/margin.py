@@ -15,16 +15,6 @@ def _reduce(jnp, per_sample, reduction):
     return jnp.sum(per_sample) if reduction == _SUM else per_sample
 
 
-def _vjp(loss, grad, x):
-    import jax
-    import jax.numpy as jnp
-
-    dt = x.dtype
-    wide = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt
-    out, vjp = jax.vjp(loss, x.astype(wide))
-    return vjp(jnp.broadcast_to(grad.astype(wide), out.shape))[0].astype(dt)
-
-
 @lowering("multi_margin_loss_backward")
 def multi_margin_loss_backward(tr, grad, x, target, p, margin, weight=None, reduction=_MEAN):
     p, margin, batched = int(p), float(margin), x.rank == 2
@@ -45,7 +35,7 @@ def multi_margin_loss_backward(tr, grad, x, target, p, margin, weight=None, redu
             per = jnp.sum(h, 1) / c
             return _reduce(jnp, per if batched else per[0], reduction)
 
-        return _vjp(loss, g, v)
+        return jaxfn.vjp_in_acc(loss, g, v)
 
     args = [grad, x, target] + ([weight] if weight is not None else [])
     return jaxfn.call(tr, "multi_margin_loss_backward", f, args, (p, margin, reduction, batched))[0]
@@ -71,7 +61,7 @@ def multilabel_margin_loss_backward(tr, grad, x, target, reduction, is_target):
             per = jnp.sum(h, (1, 2)) / c
             return _reduce(jnp, per if batched else per[0], reduction)
 
-        return _vjp(loss, g, v)
+        return jaxfn.vjp_in_acc(loss, g, v)
 
     return jaxfn.call(tr, "multilabel_margin_loss_backward", f, [grad, x, target, is_target],
                       (reduction, batched))[0]

@@ -396,24 +396,25 @@ def batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mea
                                       update, eps, output_mask)
 
 
+def _within(tr, x, lambd):
+    """-lambd <= x <= lambd, compared in float32 for halves (lambd kept at float32, as CPU); NaN is outside."""
+    w = E.convert(x, E.acc_dtype(x.dtype))
+    lam = tr.scalar(lambd, w.dtype)
+    return E.binary("and", E.compare(w, E.unary("negate", lam), "GE"), E.compare(w, lam, "LE"))
+
+
 @lowering("hardshrink_backward", "softshrink_backward")
 def shrink_backward(tr, grad, x, lambd):
     """The gradient passes where |x| > lambd, as CPU: zero for -lambd <= x <= lambd."""
-    dt = _meta(tr).dtype
-    xv = E.convert(x, E.acc_dtype(dt))
-    lam = tr.scalar(lambd, xv.dtype)
-    inside = E.binary("and", E.compare(xv, E.unary("negate", lam), "GE"), E.compare(xv, lam, "LE"))
-    return E.select(inside, _c(grad, 0), E.convert(grad, dt))
+    g = E.convert(grad, _meta(tr).dtype)
+    return E.select(_within(tr, E.convert(x, g.dtype), lambd), _c(g, 0), g)
 
 
 @lowering("hardshrink")
 def hardshrink(tr, x, lambd=0.5):
     """0 for -lambd <= x <= lambd, x elsewhere (NaN stays)."""
     xv = E.convert(x, _meta(tr).dtype)
-    lam = tr.scalar(lambd, E.acc_dtype(xv.dtype))
-    w = E.convert(xv, lam.dtype)
-    inside = E.binary("and", E.compare(w, E.unary("negate", lam), "GE"), E.compare(w, lam, "LE"))
-    return E.select(inside, _c(xv, 0), xv)
+    return E.select(_within(tr, xv, lambd), _c(xv, 0), xv)
 
 
 @lowering("softshrink")

@@ -248,7 +248,7 @@ def index_reduce(tr, x, dim, index, source, reduce, include_self=True):
         touched = touched.reshape(tshape)
         src = src.astype(v.dtype)
         if reduce == "mean":
-            acc = v.astype(jnp.float32) if v.dtype in (jnp.bfloat16, jnp.float16) else v
+            acc = v.astype(jaxfn.acc_dtype(v.dtype))
             base = acc if include_self else jnp.where(touched, 0, acc)
             total = base.at[sel].add(src.astype(acc.dtype))
             cnt = jnp.zeros(v.shape[d], jnp.int64).at[idx].add(1).reshape(tshape) + (1 if include_self else 0)

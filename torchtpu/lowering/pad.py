@@ -36,14 +36,8 @@ def _backward_rule(mode, nd):
     def rule(tr, grad, x, padding):
         fwd = _pad_fn(mode, tuple(padding), nd)
 
-        def f(g, v):
-            import jax
-            import jax.numpy as jnp
-
-            dt = v.dtype
-            wide = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt  # accumulate halves in float32
-            _, vjp = jax.vjp(fwd, v.astype(wide))
-            return vjp(g.astype(wide))[0].astype(dt)
+        def f(g, v):  # halves accumulate in float32
+            return jaxfn.vjp_in_acc(fwd, g, v)
 
         return jaxfn.call(tr, f"{mode}_pad{nd}d_backward", f, [grad, x], (tuple(padding),))[0]
 

@@ -38,7 +38,7 @@ def _forward_fn(reduce, axis, initial, has_lengths):
         import jax.numpy as jnp
 
         dt = data.dtype
-        wide = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt
+        wide = jaxfn.acc_dtype(dt)
         x, lens, ids = _layout(jnp, data.astype(wide), seg if has_lengths else None, None if has_lengths else seg,
                                axis)
         s = lens.shape[1]
@@ -67,7 +67,7 @@ def _backward_fn(reduce, axis, initial, has_lengths):
         import jax.numpy as jnp
 
         dt = data.dtype
-        wide = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt
+        wide = jaxfn.acc_dtype(dt)
         x, lens, ids = _layout(jnp, data.astype(wide), seg if has_lengths else None, None if has_lengths else seg,
                                axis)
         r, n, t = x.shape

@@ -11,6 +11,7 @@ import torch
 from .. import emit as E
 from .. import jaxfn
 from ..registry import lowering, out_meta
+from .elementwise import _operand
 
 
 
@@ -21,7 +22,7 @@ def _elementwise(name, f, n_outputs=1):
         out = out_meta(tr)
         dt = out.dtype
         cdt = E.acc_dtype(dt)
-        vals = [E.convert(x, cdt) if isinstance(x, E.Value) else tr.scalar(x, cdt) for x in operands]
+        vals = [_operand(tr, x, cdt) for x in operands]
         res = jaxfn.call(tr, name, f, vals)
         return E.convert(res[0], dt) if n_outputs == 1 else tuple(res)
 
@@ -237,8 +238,7 @@ def _shift(left):
 
     def rule(tr, a, b):
         dt = out_meta(tr).dtype
-        x = E.convert(a, dt) if isinstance(a, E.Value) else tr.scalar(a, dt)
-        s = E.convert(b, dt) if isinstance(b, E.Value) else tr.scalar(b, dt)
+        x, s = _operand(tr, a, dt), _operand(tr, b, dt)
         shape = E.broadcast_shapes(x.shape, s.shape)
         x, s = E.broadcast_to(x, shape), E.broadcast_to(s, shape)
         c = lambda v: E.const(x.fn, v, dt, shape)  # noqa: E731
