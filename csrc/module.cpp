@@ -2,7 +2,9 @@
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "core/allocator.h"
 #include "core/device.h"
@@ -41,12 +43,16 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_clear_synchronize_callback", []() { torchtpu::set_synchronize_callback(nullptr); });
   m.def("_drain_storage_events", &torchtpu::drain_storage_events);
-  m.def("_allocator_stats", []() {
-    auto s = torchtpu::allocator_stats();
+  m.def("_allocator_stats", [](int64_t device) {
+    auto s = torchtpu::allocator_stats(static_cast<c10::DeviceIndex>(device));
     return py::dict(py::arg("allocated_bytes") = s.allocated_bytes, py::arg("peak_bytes") = s.peak_bytes,
                     py::arg("live_storages") = s.live_storages, py::arg("total_allocations") = s.total_allocations);
   });
-  m.def("_reset_peak_allocated", &torchtpu::reset_peak_allocated);
+  // CPU's out= aliasing checks, on tpu tensors' storage tokens (nothing is dereferenced).
+  m.def("_assert_no_internal_overlap", [](const at::Tensor& t) { at::assert_no_internal_overlap(t); });
+  m.def("_assert_no_overlap", [](const at::Tensor& a, const at::Tensor& b) { at::assert_no_overlap(a, b); });
+  m.def("_reset_peak_allocated",
+        [](int64_t device) { torchtpu::reset_peak_allocated(static_cast<c10::DeviceIndex>(device)); });
   m.def(
       "_philox_advance",
       [](py::object gen, int64_t device_index, uint64_t increment) {

@@ -1,3 +1,8 @@
+import os
+
+# Two XLA:CPU devices, so tpu:1 is tested as tpu:0 is (must be set before torch autoloads torchtpu).
+os.environ.setdefault("TORCHTPU_NUM_CPU_DEVICES", "2")
+
 import pytest
 import torch
 

@@ -166,20 +166,20 @@ def get_device_properties(device=None):
 # -- memory ---------------------------------------------------------------------------------------------
 def memory_allocated(device=None) -> int:
     executor.drain()
-    return _C._allocator_stats()["allocated_bytes"]
+    return _C._allocator_stats(_index(device))["allocated_bytes"]
 
 
 def max_memory_allocated(device=None) -> int:
-    return _C._allocator_stats()["peak_bytes"]
+    return _C._allocator_stats(_index(device))["peak_bytes"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _C._reset_peak_allocated()
+    _C._reset_peak_allocated(_index(device))
 
 
 def memory_stats(device=None) -> dict:
     executor.drain()
-    s = _C._allocator_stats()
+    s = _C._allocator_stats(_index(device))
     out = {
         "allocated_bytes.all.current": s["allocated_bytes"],
         "allocated_bytes.all.peak": s["peak_bytes"],

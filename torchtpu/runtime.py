@@ -43,6 +43,8 @@ class JaxlibRuntime:
 
             jax.config.update("jax_enable_x64", True)  # int64/float64 keep their width
             jax.config.update("jax_platforms", self.platform)
+            if self.platform == "cpu" and "TORCHTPU_NUM_CPU_DEVICES" in os.environ:
+                jax.config.update("jax_num_cpu_devices", int(os.environ["TORCHTPU_NUM_CPU_DEVICES"]))
             from jax.extend.backend import get_backend
 
             self._jax = jax
@@ -115,6 +117,10 @@ class JaxlibRuntime:
         if self._jax is None:
             self._start()
         return self._jax.device_put(a, self.device(device_index))
+
+    def move(self, arr, device_index: int):
+        """A copy of device array `arr` on another device of this client."""
+        return self._jax.device_put(arr, self.device(device_index))
 
     def to_host(self, arr) -> torch.Tensor:
         """Device array -> CPU tensor (a view of the array's memory where possible; copy it before keeping)."""

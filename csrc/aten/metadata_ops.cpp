@@ -29,7 +29,7 @@ c10::DeviceIndex device_index_of(std::optional<at::Device> device) {
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
-  device_index_of(device);
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_index_of(device)));
   TORCH_CHECK(!layout || *layout == at::kStrided, "tpu tensors support only the strided layout, got ", *layout);
   const auto st = c10::dtype_or_default(dtype);
   TORCH_CHECK(!c10::isComplexType(st) && !c10::isQIntType(st), "tpu: dtype ", st, " is not supported on tpu yet");
@@ -39,7 +39,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout> layout, std::optional<at::Device> device,
                          std::optional<bool> pin_memory) {
-  device_index_of(device);
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_index_of(device)));
   const auto st = c10::dtype_or_default(dtype);
   TORCH_CHECK(!c10::isComplexType(st) && !c10::isQIntType(st), "tpu: dtype ", st, " is not supported on tpu yet");
   return at::detail::empty_strided_generic(size, stride, tpu_allocator(), kTpuKeys, st);
@@ -49,6 +49,7 @@ void maybe_grow_storage(at::TensorImpl* self, size_t needed_bytes) {
   if (needed_bytes == 0) return;
   const auto& storage = self->unsafe_storage();
   if (!storage) {
+    const c10::DeviceGuard guard(self->device());
     self->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), needed_bytes, tpu_allocator(), true));
   } else if (needed_bytes > storage.nbytes()) {
     resize_storage_bytes(storage.unsafeGetStorageImpl(), needed_bytes);
@@ -115,6 +116,19 @@ bool is_set_to(const at::Tensor& self, const at::Tensor& src) {
          self.sizes().equals(src.sizes()) && self.strides().equals(src.strides());
 }
 
+// Module._apply and `param.data = t` ask this before swapping a tensor's data in place. Stock TensorImpl only
+// knows the in-tree dense backends, so without this every cpu<->tpu move of a module made new Parameters and
+// split tied weights. Dense tpu tensors are shallow-copy compatible with each other and with dense CPU tensors,
+// as cuda's are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && !t.is_quantized() && !t.is_nested() &&
+           (t.device().is_cpu() || t.device().is_privateuseone());
+  };
+  return dense(self) && dense(from);
+}
+
 }  // namespace
 }  // namespace torchtpu
 
@@ -132,4 +146,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", torchtpu::set_source_tensor);
   m.impl("set_", torchtpu::set_empty);
   m.impl("is_set_to", torchtpu::is_set_to);
+  m.impl("_has_compatible_shallow_copy_type", torchtpu::has_compatible_shallow_copy_type);
 }

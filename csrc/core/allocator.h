@@ -27,13 +27,13 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);
 // (kind, token, new token or 0, nbytes: freed bytes, or the new size for kMove) in the order they happened.
 std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> drain_storage_events();
 
-struct AllocatorStats {
+struct AllocatorStats {  // per device
   int64_t allocated_bytes;
   int64_t peak_bytes;
   int64_t live_storages;
   int64_t total_allocations;
 };
-AllocatorStats allocator_stats();
-void reset_peak_allocated();
+AllocatorStats allocator_stats(c10::DeviceIndex device);
+void reset_peak_allocated(c10::DeviceIndex device);
 
 }  // namespace torchtpu

@@ -13,17 +13,33 @@ from ..registry import _device_index, direct
 
 def _upload(dst: torch.Tensor, src_cpu: torch.Tensor) -> None:
     """Writes CPU values (already dst's dtype and shape) into tpu tensor dst."""
-    dev = dst.device.index or 0
-    buf = runtime.get().to_device(src_cpu.contiguous().clone(), dev)
+    buf = runtime.get().to_device(src_cpu.contiguous().clone(), dst.device.index or 0)
     metrics.inc("transfers.h2d")
     metrics.inc("bytes.h2d", src_cpu.numel() * src_cpu.element_size())
+    _write_buffer(dst, buf)
+
+
+def _copy_between_devices(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """tpu:i -> tpu:j: src's values (dst's dtype, broadcast to dst's shape) in one buffer on device i, moved to
+    device j by PJRT (no host round trip through torch)."""
+    tr = X.Trace("copy_", src.device.index or 0)
+    (buf,) = X.launch(tr, [E.broadcast_to(E.convert(tr.read(src), dst.dtype), tuple(dst.shape))])
+    buf = runtime.get().move(buf, dst.device.index or 0)
+    metrics.inc("transfers.d2d")
+    metrics.inc("bytes.d2d", dst.numel() * dst.element_size())
+    _write_buffer(dst, buf)
+
+
+def _write_buffer(dst: torch.Tensor, buf) -> None:
+    """Stores device buffer `buf` (dst's dtype and shape, on dst's device) as dst's values."""
+    dev = dst.device.index or 0
     whole = (dst.storage_offset() == 0 and S.is_contiguous(dst.shape, dst.stride())
              and dst.numel() * dst.element_size() == dst.untyped_storage().nbytes())
     if whole:
         S.set_buffer(S.token(dst), buf, "copy_")
         return
     tr = X.Trace("copy_", dev)
-    v = tr.fn.param(tuple(src_cpu.shape), src_cpu.dtype)
+    v = tr.fn.param(tuple(dst.shape), dst.dtype)
     tr.args.append(buf)
     tr.write(dst, v)
     X.launch(tr)
@@ -42,8 +58,8 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
         raise op_error("copy_", [self, src], {}, e) from None
     if self.device.type == "tpu" and src.device.type == "tpu":
         if self.device != src.device:
-            tmp = X.read_host(src, "copy_between_devices")
-            return copy_(self, tmp)
+            _copy_between_devices(self, src)
+            return self
         tr = X.Trace("copy_", self.device.index or 0)
         tr.write(self, tr.read(src))
         X.launch(tr)
