@@ -58,7 +58,7 @@ def set_check_nans(on: bool) -> None:
 
 
 # -- scalar buffers: bounded LRU so a learning-rate schedule cannot grow it without end ---------
-_SCALAR_CACHE_MAX = 4096
+_SCALAR_CACHE_MAX = 512  # values used every step stay; a schedule's one-off values pass through
 _scalars: collections.OrderedDict = collections.OrderedDict()
 
 
@@ -87,6 +87,7 @@ class Trace:
         self._storage_cur: dict[int, Value] = {}
         self.writes: dict[int, Value] = {}  # token -> new buffer value (program results)
         self.source: dict[int, torch.Tensor] = {}  # id(Value) -> the tensor argument it was read from
+        self.checks: list = []  # device-side checks: (any bad, one bad value, exception type, message)
 
     # -- inputs -----------------------------------------------------------------------------
     def _storage_value(self, tok: int) -> Value | None:
@@ -130,6 +131,25 @@ class Trace:
         metrics.inc("bytes.h2d", t.numel() * t.element_size())
         self.args.append(runtime.get().to_device(t.contiguous().clone(), self.device_index))
         return v
+
+    def check(self, bad: Value, values: Value, exc: type, message: str) -> None:
+        """A device-side check computed inside this op's program (an index out of range): the op fails when any
+        element of the bool `bad` is true; `message.format(value=v)` names one offending element v of `values`.
+        debug mode raises at the op; strict mode at the next synchronization or host read (as cuda's
+        device-side asserts do), without an extra host sync per op."""
+        fn = self.fn
+        n = bad.numel
+        b = E.reshape(bad, (n,))
+        pos = E.iota(fn, (n,), 0)
+        # the first offending element in row-major order, as CPU's loops report it
+        first = E.reduce(E.select(b, pos, E.const(fn, n, torch.int64, (n,))), E.const(fn, n, torch.int64), [0],
+                         "stablehlo.minimum")
+        any_bad = E.compare(first, E.const(fn, n, torch.int64), "LT")
+        v = E.reshape(E.broadcast_to(E.convert(values, torch.int64), bad.shape), (n,))
+        at_first = E.compare(pos, E.broadcast_to(first, (n,)), "EQ")
+        one = E.reduce(E.select(at_first, v, E.const(fn, 0, torch.int64, (n,))), E.const(fn, 0, torch.int64), [0],
+                       "stablehlo.add")
+        self.checks.append((any_bad, one, exc, message))
 
     # -- outputs ------------------------------------------------------------------------------
     def write(self, t: torch.Tensor, value: Value) -> None:
@@ -186,6 +206,9 @@ def launch(tr: Trace, extra_results=()) -> list:
     results = [tr.writes[t] for t in toks] + list(extra_results)
     if not results:
         return []
+    if tr.checks:  # one int64 vector (flag, value, flag, value, ...) after the other results
+        results.append(E.concatenate([E.reshape(E.convert(v, torch.int64), (1,))
+                                      for ok, one, _, _ in tr.checks for v in (ok, one)], 0))
     text = tr.fn.module(results)
     rt = runtime.get()
     exe = cache.get_or_compile(rt, text, tr.device_index)
@@ -201,9 +224,60 @@ def launch(tr: Trace, extra_results=()) -> list:
             raise op_error(tr.opname, [], {}, e) from e
         if _check_nans:
             _check_finite(tr.opname, outs)
+    if tr.checks:
+        _add_check(_Check(tr.opname, user_line(), outs.pop(), [(exc, msg) for _, _, exc, msg in tr.checks]))
     for tok, buf in zip(toks, outs):
         S.set_buffer(tok, buf, tr.opname)
     return outs[len(toks):]
+
+
+# -- device-side checks ---------------------------------------------------------------------------------
+class _Check:
+    __slots__ = ("opname", "line", "flags", "messages")
+
+    def __init__(self, opname, line, flags, messages):
+        self.opname, self.line, self.flags, self.messages = opname, line, flags, messages
+
+    def verify(self, deferred: bool) -> None:
+        try:
+            v = np.asarray(self.flags)
+        except Exception:  # the op itself failed: that error surfaces where its result is read
+            return
+        for i, (exc, msg) in enumerate(self.messages):
+            if v[2 * i]:
+                where = (f"issued at {self.line}; tpu ops run asynchronously, so this surfaces at a later op or "
+                         "synchronization, as a cuda device-side assert does; TORCHTPU_MODE=debug raises at the op"
+                         ) if deferred else f"at {self.line}"
+                raise exc(f"tpu: {self.opname} ({where}): {msg.format(value=int(v[2 * i + 1]))}")
+
+
+_PENDING_CHECKS_MAX = 4096  # beyond this many unverified checks, the oldest are waited for (bounded memory)
+_pending_checks: collections.deque = collections.deque()
+
+
+def _add_check(c: _Check) -> None:
+    if _mode == "debug":
+        c.verify(deferred=False)
+        return
+    _pending_checks.append(c)
+    # Checks whose programs have finished are verified as they come (no waiting); a long run without a host
+    # read waits for the oldest ones only when too many are pending.
+    while _pending_checks and (len(_pending_checks) > _PENDING_CHECKS_MAX or _pending_checks[0].flags.is_ready()):
+        _verify(_pending_checks.popleft())
+
+
+def _verify(c: _Check) -> None:
+    try:
+        c.verify(deferred=True)
+    except Exception:
+        _pending_checks.clear()  # reported once, as a device-side assert is
+        raise
+
+
+def verify_checks() -> None:
+    """Raises the first failed device-side check of the ops issued so far (waits for their programs)."""
+    while _pending_checks:
+        _verify(_pending_checks.popleft())
 
 
 def _check_finite(opname, outs):
@@ -220,6 +294,7 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
     """The value of tpu tensor `t` as a new contiguous CPU tensor. Blocks (a host sync)."""
     drain()
     metrics.host_sync(cause)
+    verify_checks()
     out = torch.empty(t.shape, dtype=t.dtype)
     if t.numel() == 0:
         return out
@@ -248,6 +323,7 @@ def synchronize(device_index: int | None = None) -> None:
     rt = runtime.get()
     if rt._backend is None:
         return
+    verify_checks()
     try:
         rt.wait(S.live_buffers())
     except Exception as e:

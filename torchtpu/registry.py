@@ -21,8 +21,8 @@ import torch._decomp
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
 from torch.utils._pytree import tree_map
 
+from . import _C, metrics
 from . import executor as X
-from . import metrics
 from .errors import TpuOpError, op_error
 
 RULES: dict[str, Callable] = {}  # functional rules: in-place and out= kernels are derived from them
@@ -112,23 +112,24 @@ def _map(fn, args, kwargs):
 
 
 # Output metadata per argument signature: the meta kernels are Python refs for many ops and cost more
-# than the rest of a launch. Arguments typed `Scalar` in the schema (alpha, other, value: the ones a
-# learning-rate schedule changes) enter the key by type only; every other float (eps, momentum, scale
-# factors, which may shape an output) by value. arange's Scalars shape its output, so they count by value.
+# than the rest of a launch. Numbers in arguments typed `Scalar` in the schema (alpha, other, value, Adam's
+# bias corrections in _foreach_div_.ScalarList: the ones that change from step to step) enter the key by
+# type only; every other number (eps, momentum, scale factors, which may shape an output) by value. arange's
+# and range's Scalars shape their output, so they count by value.
 _META_CACHE: dict = {}
 _META_CACHE_MAX = 16384
-_SCALARS_SHAPE_OUTPUT = {"arange.start_step", "arange.start_out"}
+_SCALAR_TYPES = ("number", "Optional[number]", "List[number]",  # how torch 2.13 prints Scalar, Scalar?, Scalar[]
+                 "Scalar", "Scalar?", "List[Scalar]")
 _scalar_args: dict = {}  # op name -> (positions, names) of Scalar / Scalar[] arguments
 
 
 def _scalar_slots(op, opname):
     slots = _scalar_args.get(opname)
     if slots is None:
-        if opname in _SCALARS_SHAPE_OUTPUT:
+        if opname.split(".")[0] in ("arange", "range"):
             slots = (frozenset(), frozenset())
         else:
-            sargs = [(i, a.name) for i, a in enumerate(op._schema.arguments)
-                     if str(a.type) in ("Scalar", "Scalar?", "List[Scalar]")]
+            sargs = [(i, a.name) for i, a in enumerate(op._schema.arguments) if str(a.type) in _SCALAR_TYPES]
             slots = (frozenset(i for i, _ in sargs), frozenset(n for _, n in sargs))
         _scalar_args[opname] = slots
     return slots
@@ -137,8 +138,8 @@ def _scalar_slots(op, opname):
 def _sig_one(x, scalar_slot):
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), x.stride(), x.dtype, x.device.type)
-    if isinstance(x, float) and scalar_slot:
-        return float
+    if scalar_slot and isinstance(x, (int, float)) and not isinstance(x, bool):
+        return type(x)
     if isinstance(x, torch.Generator):
         return torch.Generator
     return x
@@ -264,6 +265,30 @@ def inplace_kernel(opname, fname, rule):
     return kernel
 
 
+# Ops whose CPU out= kernels reject any overlap between out and an input, and out tensors whose elements
+# share memory (at::assert_no_overlap / assert_no_internal_overlap): the meta kernels cannot see aliasing.
+_OUT_NO_OVERLAP = {"gather", "index_select", "take", "masked_select", "kthvalue", "cat", "bernoulli", "sort",
+                   "topk", "median", "nanmedian", "mode", "nonzero"}
+
+
+# out= overloads that CPU's structured kernels give no implicit cast: the out dtype must be the result's.
+_OUT_DTYPE_EXACT = {"aminmax.out"}
+
+
+def check_out_overlap(opname, args, kwargs, outs):
+    if opname.split(".")[0] not in _OUT_NO_OVERLAP:
+        return
+    ins = [x for x in _flat(args, kwargs) if _is_tpu(x)]
+    try:
+        for o in outs:
+            if _is_tpu(o):
+                _C._assert_no_internal_overlap(o)
+                for x in ins:
+                    _C._assert_no_overlap(o, x)
+    except RuntimeError as e:
+        raise op_error(opname, args, kwargs, e) from None
+
+
 def out_kernel(opname, fname, rule, out_names):
     op, fop = _overload(opname), _overload(fname)
     pre = PREPROCESS.get(fname)
@@ -272,9 +297,13 @@ def out_kernel(opname, fname, rule, out_names):
         args, kwargs, dev = _prologue(opname, pre, args, kwargs)
         ometa = meta(op, opname, args, kwargs)
         outs = [kwargs.pop(n) for n in out_names]
+        check_out_overlap(opname, args, kwargs, outs)
         # an out-only rule (no functional twin, e.g. arange.start_out) takes its shapes from the out meta
         fmeta = ometa if fop is op else meta(fop, opname, args, kwargs)
         for o, m in zip(outs, _as_tuple(fmeta)):
+            if opname in _OUT_DTYPE_EXACT and o.dtype != m.dtype:
+                raise op_error(opname, args, kwargs, f"Expected out tensor to have dtype {m.dtype}, but got "
+                                                     f"{o.dtype} instead")
             if o.shape != m.shape:
                 o.resize_(m.shape)
         tr, vals = _run_rule(opname, rule, args, kwargs, fmeta, dev)
@@ -382,6 +411,10 @@ def _into_out_args(op, kwargs, result):
 
 def fallback(op, *args, **kwargs):
     name = _opname(op)
+    out_names = [a.name for a in op._schema.arguments if a.is_out and a.name in kwargs]
+    if out_names:
+        check_out_overlap(name, args, {k: v for k, v in kwargs.items() if k not in out_names},
+                          [kwargs[n] for n in out_names])
     decomp = torch._decomp.decomposition_table.get(op)
     active = _decomposing()
     if decomp is not None and op not in active:

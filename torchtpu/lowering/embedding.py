@@ -16,7 +16,6 @@ from ..registry import inplace_lowering, lowering, out_meta
 SUM, MEAN, MAX = 0, 1, 2
 
 
-
 def _offset2bag(jnp, offsets, n, num_bags):
     pos = jnp.arange(n, dtype=offsets.dtype)
     return (jnp.searchsorted(offsets[:num_bags], pos, side="right") - 1).astype(jnp.int64)
@@ -56,6 +55,12 @@ def embedding_bag(tr, weight, indices, offsets, scale_grad_by_freq=False, mode=S
             return total, o2b, cnt, cnt
         return total, o2b, jnp.zeros_like(cnt), jnp.zeros_like(cnt)
 
+    if n:
+        from .indexing import checked
+
+        rows = weight.shape[0]
+        indices = checked(tr, E.reshape(indices, (n,)), rows, negative=False, exc=RuntimeError,
+                          message=f"an index takes value {{value}}, which is not in the valid range [0, {rows})")
     args = [E.convert(weight, acc), indices, offsets] + ([E.convert(per_sample_weights, acc)] if has_psw else [])
     res, o2b, cnt, mi = jaxfn.call(tr, "embedding_bag", f, args, (mode, padding_idx, num_bags, has_psw))
     mi = mi if tuple(maxi.shape) == tuple(mi.shape) else E.const(tr.fn, 0, maxi.dtype, maxi.shape)

@@ -14,6 +14,19 @@ def _wrap(idx, size):
     return E.select(neg, E.add(idx, E.const(idx.fn, size, torch.int64, idx.shape)), idx)
 
 
+def checked(tr, idx, size, *, negative, exc=IndexError, message=None, dim=0):
+    """idx as int64, checked on the device as CPU checks it: an index outside [-size, size) (negative=True: the
+    op counts negative indices from the end, and they are wrapped here) or [0, size) fails the op (see
+    Trace.check). XLA would clamp it instead and return a wrong row without a word."""
+    idx = E.convert(idx, torch.int64)
+    fn = idx.fn
+    lo = E.const(fn, -size if negative else 0, torch.int64, idx.shape)
+    hi = E.const(fn, size, torch.int64, idx.shape)
+    bad = E.binary("or", E.compare(idx, lo, "LT"), E.compare(idx, hi, "GE"))
+    tr.check(bad, idx, exc, message or f"index {{value}} is out of bounds for dimension {dim} with size {size}")
+    return _wrap(idx, size) if negative else idx
+
+
 @lowering("cat")
 def cat(tr, tensors, dim=0):
     m = _meta(tr)
@@ -28,7 +41,7 @@ def index_select(tr, x, dim, index):
     dim = dim % max(x.rank, 1)
     if x.rank == 0:
         return x
-    idx = _wrap(E.reshape(index, (index.numel,)), x.shape[dim])
+    idx = checked(tr, E.reshape(index, (index.numel,)), x.shape[dim], negative=False, dim=dim)
     n = idx.shape[0]
     slice_sizes = [1 if d == dim else s for d, s in enumerate(x.shape)]
     offset_dims = [d for d in range(x.rank) if d != dim]
@@ -56,24 +69,24 @@ def gather(tr, x, dim, index, sparse_grad=False):
         return E.const(tr.fn, 0, x.dtype, index.shape)
     if x.rank == 0:
         return E.reshape(x, index.shape)
-    coords = _full_indices(_wrap(index, x.shape[dim]), dim, x.rank)
+    coords = _full_indices(checked(tr, index, x.shape[dim], negative=False, exc=RuntimeError, dim=dim), dim, x.rank)
     g = E.gather(x, coords, offset_dims=[], collapsed=list(range(x.rank)), start_index_map=list(range(x.rank)),
                  index_vector_dim=1, slice_sizes=[1] * x.rank, out_shape=(index.numel,))
     return E.reshape(g, index.shape)
 
 
-def _scatter(x, dim, index, src, combiner):
+def _scatter(tr, x, dim, index, src, combiner):
     dim = dim % max(x.rank, 1)
     if index.numel == 0:
         return x
     if x.rank == 0:  # 0-d: the same update on a one-element vector
         s = E.reshape(src, (1,)) if isinstance(src, E.Value) else src
-        return E.reshape(_scatter(E.reshape(x, (1,)), 0, E.reshape(index, (1,)), s, combiner), ())
+        return E.reshape(_scatter(tr, E.reshape(x, (1,)), 0, E.reshape(index, (1,)), s, combiner), ())
     if not isinstance(src, E.Value):
         src = E.const(x.fn, src, x.dtype, index.shape)
     elif src.shape != index.shape:
         src = E.slice_(src, [0] * src.rank, list(index.shape))
-    coords = _full_indices(_wrap(index, x.shape[dim]), dim, x.rank)
+    coords = _full_indices(checked(tr, index, x.shape[dim], negative=False, exc=RuntimeError, dim=dim), dim, x.rank)
     return E.scatter(x, coords, E.reshape(E.convert(src, x.dtype), (index.numel,)), [], list(range(x.rank)),
                      list(range(x.rank)), 1, combiner)
 
@@ -83,22 +96,22 @@ def scatter(tr, x, dim, index, src):
     if not isinstance(src, E.Value):
         src = tr.scalar(src, x.dtype)
         src = E.broadcast_to(src, index.shape)
-    return _scatter(x, dim, index, src, None)
+    return _scatter(tr, x, dim, index, src, None)
 
 
 @lowering("scatter_add")
 def scatter_add(tr, x, dim, index, src):
-    return _scatter(x, dim, index, src, "stablehlo.add")
+    return _scatter(tr, x, dim, index, src, "stablehlo.add")
 
 
-def _advanced(x, indices):
+def _advanced(tr, x, indices):
     """Normalizes x[indices] (a list with None for full slices) into one gather/scatter layout:
     x is transposed so the indexed dims come first; returns (xt, perm, idx (B..., k), k, rest dims)."""
     pos = [d for d, i in enumerate(indices) if i is not None]
     rest = [d for d in range(x.rank) if d not in pos]
     perm = pos + rest
     xt = E.transpose(x, perm)
-    idx = [_wrap(indices[d], x.shape[d]) for d in pos]
+    idx = [checked(tr, indices[d], x.shape[d], negative=True, dim=d) for d in pos]
     bshape = E.broadcast_shapes(*[i.shape for i in idx])
     idx = [E.reshape(E.broadcast_to(i, bshape), list(bshape) + [1]) for i in idx]
     stacked = E.concatenate(idx, len(bshape))
@@ -108,7 +121,7 @@ def _advanced(x, indices):
 @lowering("index.Tensor")
 def index(tr, x, indices):
     indices = list(indices) + [None] * (x.rank - len(indices))
-    xt, perm, pos, stacked, bshape = _advanced(x, indices)
+    xt, perm, pos, stacked, bshape = _advanced(tr, x, indices)
     k = len(pos)
     rest_sizes = list(xt.shape[k:])
     nb = len(bshape)
@@ -127,7 +140,7 @@ def index(tr, x, indices):
 @lowering("index_put")
 def index_put(tr, x, indices, values, accumulate=False):
     indices = list(indices) + [None] * (x.rank - len(indices))
-    xt, perm, pos, stacked, bshape = _advanced(x, indices)
+    xt, perm, pos, stacked, bshape = _advanced(tr, x, indices)
     k = len(pos)
     rest_sizes = list(xt.shape[k:])
     nb = len(bshape)
@@ -160,7 +173,8 @@ def embedding(tr, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
 def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     d = grad.shape[-1]
     n = indices.numel
-    idx = E.convert(E.reshape(indices, (n,)), torch.int64)
+    idx = checked(tr, E.reshape(indices, (n,)), num_weights, negative=False, message="index {value} is out of range "
+                  f"for an embedding of {num_weights} rows")
     g = E.reshape(grad, (n, d))
     if scale_grad_by_freq:  # each row's gradient divided by how often its index occurs in the batch
         counts = E.scatter(E.const(tr.fn, 0, torch.int64, (num_weights,)), E.reshape(idx, (n, 1)),
@@ -307,7 +321,7 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
         x1 = E.reshape(x, (1,))
         return E.reshape(scatter_reduce(tr, x1, 0, E.reshape(index, (1,)), E.reshape(src, (1,)), reduce, include_self), ())
     kind = _SCATTER_COMBINE[reduce]
-    coords = _full_indices(_wrap(index, x.shape[dim]), dim, x.rank)
+    coords = _full_indices(checked(tr, index, x.shape[dim], negative=False, exc=RuntimeError, dim=dim), dim, x.rank)
     n = index.numel
     src_v = E.convert(src, x.dtype)
     if src_v.shape != index.shape:
@@ -370,7 +384,7 @@ def scatter_legacy_reduce(tr, x, dim, index, src, reduce):
     """scatter(..., reduce='add'|'multiply'): the self-including scatter with that combiner."""
     if not isinstance(src, E.Value):
         src = E.broadcast_to(tr.scalar(src, x.dtype), index.shape)
-    return _scatter(x, dim, index, src, {"add": "stablehlo.add", "multiply": "stablehlo.multiply"}[reduce])
+    return _scatter(tr, x, dim, index, src, {"add": "stablehlo.add", "multiply": "stablehlo.multiply"}[reduce])
 
 
 @lowering("masked_scatter")
@@ -378,9 +392,18 @@ def masked_scatter(tr, x, mask, source):
     """Mask positions take source's elements in order: the k-th true element takes source.flatten()[k]."""
     from .. import jaxfn
 
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
     out = _meta(tr)
-    m = E.broadcast_to(E.convert(mask, torch.bool), tuple(out.shape))
-    if source.numel == 0 or out.numel() == 0:
+    m = E.broadcast_to(mask, tuple(out.shape))
+    if out.numel() == 0:
+        return E.broadcast_to(x, tuple(out.shape))
+    count = E.reduce(E.convert(E.reshape(m, (m.numel,)), torch.int64), E.const(tr.fn, 0, torch.int64), [0],
+                     "stablehlo.add")
+    tr.check(E.compare(count, E.const(tr.fn, source.numel, torch.int64), "GT"), count, RuntimeError,
+             f"masked_scatter: expected source to have at least as many elements as ones in mask ({{value}}), "
+             f"got {source.numel}")
+    if source.numel == 0:
         return E.broadcast_to(x, tuple(out.shape))
 
     def f(xv, mv, src):
@@ -406,7 +429,14 @@ def index_add(tr, x, dim, index, source, alpha=1):
                                    E.reshape(source, (1,)), alpha), ())
     dim = dim % x.rank
     size = x.shape[dim]
+    src_shape = source.shape if source.rank else (1,)
+    if len(src_shape) != x.rank or any(a != b for d, (a, b) in enumerate(zip(src_shape, x.shape)) if d != dim) \
+            or src_shape[dim] != index.numel:
+        raise RuntimeError("source tensor shape must match self tensor shape, excluding the specified dimension. "
+                           f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}, and index has "
+                           f"{index.numel} elements along dimension {dim}")
     src = E.convert(source if source.rank else E.reshape(source, (1,)), x.dtype)
+    index = checked(tr, index, size, negative=False, exc=RuntimeError, dim=dim)
 
     def f(xv, idx, s, a):
         import jax.numpy as jnp

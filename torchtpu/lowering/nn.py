@@ -229,6 +229,16 @@ def native_layer_norm_backward(tr, grad, x, normalized_shape, mean, rstd, weight
     return tuple(results)
 
 
+def _check_targets(tr, target, ignore_index, classes):
+    """A target outside [0, classes) that is not ignore_index fails the op, as on CPU (XLA's iota compare would
+    silently count it as no class at all)."""
+    fn = target.fn
+    t = E.convert(target, torch.int64)
+    c = lambda v: E.const(fn, v, torch.int64, t.shape)  # noqa: E731
+    out = E.binary("or", E.compare(t, c(0), "LT"), E.compare(t, c(classes), "GE"))
+    tr.check(E.binary("and", out, E.compare(t, c(ignore_index), "NE")), t, IndexError, "Target {value} is out of bounds.")
+
+
 def _nll_weights(x, target, weight, ignore_index, dim_c):
     """Per-element weight of x in the loss: the class weight where class == target (an iota compare,
     no gather) and target != ignore_index, else 0."""
@@ -250,6 +260,7 @@ def nll_loss_forward(tr, x, target, weight, reduction, ignore_index):
         x = E.reshape(x, (1, x.shape[0]))
         target = E.reshape(target, (1,))
         dim_c = 1
+    _check_targets(tr, target, ignore_index, x.shape[dim_c])
     wsel = _nll_weights(x, target, weight, ignore_index, dim_c)
     per = E.unary("negate", reduce(E.mul(x, wsel), [dim_c], "add", False))
     wsum = reduce(wsel, list(range(x.rank)), "add", False)
@@ -270,6 +281,7 @@ def nll_loss_backward(tr, grad, x, target, weight, reduction, ignore_index, tota
         x = E.reshape(x, (1, x.shape[0]))
         target = E.reshape(target, (1,))
     dim_c = 1
+    _check_targets(tr, target, ignore_index, x.shape[dim_c])
     wsel = _nll_weights(x, target, weight, ignore_index, dim_c)
     g = E.convert(grad, dt)
     if reduction == 0:

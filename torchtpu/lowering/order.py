@@ -201,7 +201,15 @@ def put(tr, x, index, source, accumulate=False):
 
     if index.numel == 0:
         return x
+    index = _flat_checked(tr, index, n)
     return jaxfn.call(tr, "put", f, [x, index, source], (accumulate,))[0]
+
+
+def _flat_checked(tr, index, n):
+    from .indexing import checked
+
+    return checked(tr, index, n, negative=True,
+                   message=f"out of range: tried to access index {{value}} on a tensor of {n} elements.")
 
 
 @lowering("addbmm")
@@ -235,12 +243,14 @@ def index_reduce(tr, x, dim, index, source, reduce, include_self=True):
                                       include_self), ())
     d = dim % x.rank
     size = x.shape[d]
+    from .indexing import checked
+
+    index = checked(tr, index, size, negative=False, dim=d)
 
     def f(v, idx, src):
         import jax.numpy as jnp
 
         idx = idx.reshape(-1).astype(jnp.int64)
-        idx = jnp.where(idx < 0, idx + size, idx)
         sel = (slice(None),) * d + (idx,)
         touched = jnp.zeros(v.shape[d], bool).at[idx].set(True)
         tshape = [1] * v.ndim
@@ -280,6 +290,12 @@ def _index_write(tr, name, x, dim, index, value):
     d = dim % x.rank
     size = x.shape[d]
     val = E.convert(value, x.dtype) if isinstance(value, E.Value) else tr.scalar(value, x.dtype)
+    from .indexing import checked
+
+    # index_fill counts negative indices from the end; index_copy rejects them (as CPU does)
+    index = checked(tr, index, size, negative=name == "index_fill", dim=d,
+                    message=("index_copy_(): " if name == "index_copy" else "") +
+                    f"index {{value}} is out of bounds for dimension {d} with size {size}")
 
     def f(v, idx, s):
         import jax.numpy as jnp
@@ -307,7 +323,10 @@ def index_fill(tr, x, dim, index, value):
 def take(tr, x, index):
     """x.flatten()[index], shaped like index; negative indices count from the end."""
     n = x.numel
-    if index.numel == 0 or n == 0:
+    if index.numel == 0:
+        return E.const(tr.fn, 0, x.dtype, index.shape)
+    index = _flat_checked(tr, index, n)
+    if n == 0:
         return E.const(tr.fn, 0, x.dtype, index.shape)
 
     def f(v, idx):

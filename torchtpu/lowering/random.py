@@ -42,6 +42,8 @@ def _clamp_below(u, hi, lo):
 
 @inplace_lowering("uniform_")
 def uniform_(tr, x, from_=0.0, to=1.0, generator=None):
+    if from_ > to:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_} > to={to}")
     dt = x.dtype
     u = uniform01(tr, generator, x.shape, dt)
     ct = u.dtype

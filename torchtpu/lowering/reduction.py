@@ -102,6 +102,12 @@ def amin(tr, x, dim=(), keepdim=False):
     return reduce(x, _dims(x, dim), "minimum", keepdim)
 
 
+@lowering("aminmax")
+def aminmax(tr, x, dim=None, keepdim=False):
+    dims = _dims(x, dim)
+    return reduce(x, dims, "minimum", keepdim), reduce(x, dims, "maximum", keepdim)
+
+
 @lowering("max.default")
 def max_all(tr, x):
     return reduce(x, _dims(x, None), "maximum", False)

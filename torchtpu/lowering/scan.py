@@ -76,4 +76,6 @@ def searchsorted(tr, sorted_seq, values, out_int32=False, right=False, side=None
 
 @lowering("bucketize.Tensor", "bucketize.Scalar")
 def bucketize(tr, values, boundaries, out_int32=False, right=False):
+    if boundaries.rank != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.rank})")
     return _searchsorted(tr, boundaries, values, out_int32, right, None, None)
