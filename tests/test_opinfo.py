@@ -1,4 +1,4 @@
-"""The OpInfo parity sweep (see opinfo_sweep.py), forward and gradient. CI runs a fast subset: float32, the
+"""The OpInfo parity sweep (see opinfo_sweep.py), forward and gradient. CI runs a fast subset: float32 and complex64, the
 first two samples of every op (about 2.5 min here). TORCHTPU_SWEEP=full runs every dtype and every sample
 (docs/ops.md gives its time; scripts/gen_ops_doc.py --full runs it over two processes)."""
 import os
@@ -18,7 +18,7 @@ KNOWN_WRONG = {}  # (op, variant, dtype) -> why; empty since the full run of 202
 def sweep():
     if FULL:
         return S.sweep()
-    return S.sweep(dtypes=[torch.float32], max_samples=2)
+    return S.sweep(dtypes=[torch.float32, torch.complex64], max_samples=2)
 
 
 def test_no_silent_wrong_answers(sweep):

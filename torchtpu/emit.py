@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 
+from . import dtypes as D
 from .hlo import Value, _attr_array, _list, literal, region, scalar_region, tensor_type
 
 
@@ -30,7 +31,33 @@ def convert(x: Value, dtype) -> Value:
         return x
     if dtype == torch.bool:  # x != 0, as torch does
         return compare(x, const(x.fn, 0, x.dtype, x.shape), "NE")
+    if x.dtype.is_complex and not dtype.is_complex:  # the real part, as torch's casts (which warn) keep
+        return convert(real(x), dtype)
+    if dtype.is_complex and not x.dtype.is_complex:  # (x, 0)
+        part = convert(x, D.component(dtype))
+        return complex_(part, const(x.fn, 0, part.dtype, x.shape))
     return x.fn.op("stablehlo.convert", [x], x.shape, dtype)
+
+
+# -- complex numbers -------------------------------------------------------------------------------
+def real(x: Value) -> Value:
+    return x.fn.op("stablehlo.real", [x], x.shape, D.component(x.dtype)) if x.dtype.is_complex else x
+
+
+def imag(x: Value) -> Value:
+    if not x.dtype.is_complex:
+        return const(x.fn, 0, x.dtype, x.shape)
+    return x.fn.op("stablehlo.imag", [x], x.shape, D.component(x.dtype))
+
+
+def complex_(re: Value, im: Value) -> Value:
+    shape = broadcast_shapes(re.shape, im.shape)
+    re, im = broadcast_to(re, shape), broadcast_to(im, shape)
+    return re.fn.op("stablehlo.complex", [re, im], shape, D.complex_of(re.dtype))
+
+
+def conj(x: Value) -> Value:
+    return complex_(real(x), unary("negate", imag(x))) if x.dtype.is_complex else x
 
 
 def bitcast(x: Value, dtype) -> Value:
@@ -133,7 +160,9 @@ def dynamic_slice(x: Value, starts: Sequence[Value], sizes) -> Value:
 
 # -- elementwise ---------------------------------------------------------------------------------
 def unary(name: str, x: Value) -> Value:
-    return x.fn.op(f"stablehlo.{name}", [x], x.shape, x.dtype)
+    # |z| of a complex z is real
+    dtype = D.component(x.dtype) if name == "abs" else x.dtype
+    return x.fn.op(f"stablehlo.{name}", [x], x.shape, dtype)
 
 
 def binary(name: str, a: Value, b: Value, dtype=None) -> Value:
@@ -169,7 +198,7 @@ def minimum(a, b):
 def compare(a: Value, b: Value, direction: str) -> Value:
     shape = broadcast_shapes(a.shape, b.shape)
     a, b = broadcast_to(a, shape), broadcast_to(b, shape)
-    if a.dtype.is_floating_point:
+    if a.dtype.is_floating_point or a.dtype.is_complex:  # complex: EQ / NE only
         kind = "FLOAT"
     elif a.dtype in (torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64):
         kind = "UNSIGNED"

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import cache, metrics, runtime
+from . import dtypes as D
 from . import emit as E
 from . import storage as S
 from .errors import op_error, user_line
@@ -98,7 +99,7 @@ class Trace:
         if st is None or st.buf is None:
             return None
         buf = st.buf
-        v = self.fn.param(buf.shape, _torch_dtype(buf.dtype))
+        v = self.fn.param(buf.shape, D.from_numpy(buf.dtype))
         self.args.append(buf)
         self._storage_param[tok] = v
         self._storage_cur[tok] = v
@@ -112,14 +113,28 @@ class Trace:
             base = _reinterpret(base, t.dtype)
         return S.read_view(base, t.shape, t.stride(), t.storage_offset())
 
+    def read_value(self, t: torch.Tensor) -> Value:
+        """The values tensor `t` stands for: its storage view, conjugated / negated where its conj / neg bit is set
+        (ops that PyTorch's Conjugate fallback passes through unresolved, matmuls and copies among them)."""
+        v = self.read(t)
+        if t.is_conj():
+            v = E.conj(v)
+        if t.is_neg():
+            v = E.unary("negate", v)
+        return v
+
     def scalar(self, value, dtype) -> Value:
         """A Python scalar as a runtime parameter (0, 1, -1 and non-finite values stay constants)."""
         if isinstance(value, torch.Tensor):
             value = value.item()
         if dtype == torch.bool or value in (0, 1, -1) or (isinstance(value, float) and not math.isfinite(value)):
             return E.const(self.fn, value, dtype)
-        if not dtype.is_floating_point:
+        if dtype.is_complex:
+            value = complex(value)
+        elif not dtype.is_floating_point:
             value = int(value)
+        elif isinstance(value, complex):  # a complex Python scalar with a real tensor: its real part, as CPU
+            value = value.real
         v = self.fn.param((), dtype)
         self.args.append(_scalar_buffer(value, dtype, self.device_index))
         return v
@@ -166,20 +181,18 @@ class Trace:
         self.writes[tok] = new
 
 
-def _torch_dtype(np_dtype) -> torch.dtype:
-    name = str(np_dtype)
-    return _NP_TO_TORCH[name]
-
-
-_NP_TO_TORCH = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
-    "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64, "bool": torch.bool,
-}
-
-
 def _reinterpret(v: Value, dtype) -> Value:
-    """The storage bytes of `v` read as `dtype` (x.view(dtype), torch.save's byte views): a flat value."""
+    """The storage bytes of `v` read as `dtype` (x.view(dtype), torch.save's byte views, view_as_real /
+    view_as_complex): a flat value."""
+    if v.dtype.is_complex:  # complex values are (real, imaginary) pairs of their component dtype in memory
+        flat = E.reshape(v, (v.numel,))
+        pairs = E.concatenate([E.reshape(E.real(flat), (v.numel, 1)), E.reshape(E.imag(flat), (v.numel, 1))], 1)
+        return _reinterpret(E.reshape(pairs, (2 * v.numel,)), dtype)
+    if dtype.is_complex:
+        parts = _reinterpret(v, D.component(dtype))
+        m = parts.numel // 2
+        pairs = E.reshape(E.slice_(parts, [0], [2 * m]), (m, 2))
+        return E.complex_(E.reshape(E.slice_dim(pairs, 1, 0, 1), (m,)), E.reshape(E.slice_dim(pairs, 1, 1, 2), (m,)))
     if v.dtype == torch.bool:
         v = E.convert(v, torch.uint8)  # i1 cannot be bitcast; bool bytes are 0/1
     if dtype == torch.bool:
@@ -304,7 +317,7 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
         return out.zero_()
     buf = st.buf
     whole = (t.storage_offset() == 0 and S.is_contiguous(t.shape, t.stride())
-             and t.numel() * t.element_size() == t.untyped_storage().nbytes() and _torch_dtype(buf.dtype) == t.dtype)
+             and t.numel() * t.element_size() == t.untyped_storage().nbytes() and D.from_numpy(buf.dtype) == t.dtype)
     if not whole:
         tr = Trace("read:" + cause, t.device.index or 0)
         (buf,) = launch(tr, [tr.read(t)])
@@ -332,7 +345,7 @@ def synchronize(device_index: int | None = None) -> None:
 
 # -- storage events -------------------------------------------------------------------------------
 def _resize_copy(old_buf, new_nbytes):
-    dtype = _torch_dtype(old_buf.dtype)
+    dtype = D.from_numpy(old_buf.dtype)
     n_new = new_nbytes // dtype.itemsize
     tr = Trace("resize_", 0)
     base = tr.fn.param(old_buf.shape, dtype)

@@ -11,20 +11,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-_ELEM = {
-    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
-    torch.uint8: "ui8", torch.uint16: "ui16", torch.uint32: "ui32", torch.uint64: "ui64", torch.bool: "i1",
-}
-_BITS_INT = {8: torch.int8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
-_BITS_UINT = {8: torch.uint8, 16: torch.uint16, 32: torch.uint32, 64: torch.uint64}
-
-
-def elem_type(dtype: torch.dtype) -> str:
-    try:
-        return _ELEM[dtype]
-    except KeyError:
-        raise TypeError(f"dtype {dtype} is not supported on tpu") from None
+from .dtypes import elem_type, to_numpy, uint_of_width
 
 
 def tensor_type(shape: Sequence[int], dtype: torch.dtype) -> str:
@@ -40,18 +27,17 @@ def is_unsigned(dtype):
     return dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 
 
-def uint_of_width(dtype):
-    return _BITS_UINT[dtype.itemsize * 8]
-
-
 def literal(value, dtype: torch.dtype) -> str:
-    """Text of a scalar literal of `dtype` (hex bit pattern for floats: exact, and covers inf/nan)."""
+    """Text of a scalar literal of `dtype` (hex bit pattern for floats: exact, and covers inf/nan; a complex
+    number is its (real, imaginary) pair)."""
     if dtype == torch.bool:
         return "true" if value else "false"
+    if dtype.is_complex:
+        part = torch.float32 if dtype == torch.complex64 else torch.float64
+        value = complex(value)
+        return f"({literal(value.real, part)},{literal(value.imag, part)})"
     if dtype.is_floating_point:
-        from .runtime import _np_dtype
-
-        bits = np.asarray(value, dtype=_np_dtype(dtype)).view(_np_dtype(uint_of_width(dtype)))
+        bits = np.asarray(value, dtype=to_numpy(dtype)).view(to_numpy(uint_of_width(dtype)))
         return "0x" + format(int(bits), "0%dX" % (dtype.itemsize * 2))
     return str(int(value))
 

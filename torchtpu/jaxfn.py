@@ -11,8 +11,8 @@ import re
 
 import torch
 
+from . import dtypes as D
 from . import runtime
-from .executor import _torch_dtype
 from .hlo import Value
 
 _cache: dict = {}
@@ -24,10 +24,10 @@ def _lower(name, f, avals):
     import jax
 
     runtime.get().backend  # jax configured (x64, platform) before tracing anything
-    specs = [jax.ShapeDtypeStruct(s, runtime._np_dtype(d)) for s, d in avals]
+    specs = [jax.ShapeDtypeStruct(s, D.to_numpy(d)) for s, d in avals]
     text = jax.jit(f, keep_unused=True).lower(*specs).as_text()
     outs = jax.tree_util.tree_leaves(jax.eval_shape(f, *specs))
-    results = [(tuple(o.shape), _torch_dtype(o.dtype)) for o in outs]
+    results = [(tuple(o.shape), D.from_numpy(o.dtype)) for o in outs]
     fname = f"jax_{name}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
     body = text[text.index("{", text.index("attributes {") + len("attributes {")) + 1: text.rindex("}")]
     for sym in set(_FUNC.findall(body)):

@@ -138,7 +138,7 @@ def _scalar_slots(op, opname):
 def _sig_one(x, scalar_slot):
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), x.stride(), x.dtype, x.device.type)
-    if scalar_slot and isinstance(x, (int, float)) and not isinstance(x, bool):
+    if scalar_slot and isinstance(x, (int, float, complex)) and not isinstance(x, bool):
         return type(x)
     if isinstance(x, torch.Generator):
         return torch.Generator
@@ -178,7 +178,7 @@ def meta(op, opname, args, kwargs):
 def _values(tr, args, kwargs):
     def conv(x):
         if isinstance(x, torch.Tensor):
-            v = tr.read(x) if x.device.type == "tpu" else tr.host(x)
+            v = tr.read_value(x) if x.device.type == "tpu" else tr.host(x)
             tr.source[id(v)] = x  # lets a rule update an input in place (batch norm's running stats)
             return v
         return x
@@ -272,7 +272,7 @@ _OUT_NO_OVERLAP = {"gather", "index_select", "take", "masked_select", "kthvalue"
 
 
 # out= overloads that CPU's structured kernels give no implicit cast: the out dtype must be the result's.
-_OUT_DTYPE_EXACT = {"aminmax.out"}
+_OUT_DTYPE_EXACT = {"aminmax.out", "complex.out", "polar.out"}
 
 
 def check_out_overlap(opname, args, kwargs, outs):

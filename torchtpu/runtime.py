@@ -12,15 +12,9 @@ import threading
 import numpy as np
 import torch
 
+from . import dtypes as D
+
 _PLATFORMS = ("cpu", "tpu", "cuda")
-
-
-def _np_dtype(dtype: torch.dtype):
-    if dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 class JaxlibRuntime:
@@ -111,7 +105,7 @@ class JaxlibRuntime:
         return arr
 
     def scalar(self, value, dtype: torch.dtype, device_index: int = 0):
-        return self.from_numpy(np.asarray(value, dtype=_np_dtype(dtype)), device_index)
+        return self.from_numpy(np.asarray(value, dtype=D.to_numpy(dtype)), device_index)
 
     def from_numpy(self, a: np.ndarray, device_index: int = 0):
         if self._jax is None:

@@ -8,6 +8,8 @@
 #include <ATen/ops/alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/MemoryFormat.h>
 #include <torch/library.h>
@@ -26,13 +28,18 @@ c10::DeviceIndex device_index_of(std::optional<at::Device> device) {
   return idx;
 }
 
+// Complex32 (chalf) has no XLA element type; quantized types have no tpu kernels.
+void check_dtype(at::ScalarType st) {
+  TORCH_CHECK(st != at::kComplexHalf && !c10::isQIntType(st), "tpu: dtype ", st, " is not supported on tpu");
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_index_of(device)));
   TORCH_CHECK(!layout || *layout == at::kStrided, "tpu tensors support only the strided layout, got ", *layout);
   const auto st = c10::dtype_or_default(dtype);
-  TORCH_CHECK(!c10::isComplexType(st) && !c10::isQIntType(st), "tpu: dtype ", st, " is not supported on tpu yet");
+  check_dtype(st);
   return at::detail::empty_generic(size, tpu_allocator(), kTpuKeys, st, memory_format);
 }
 
@@ -41,7 +48,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<bool> pin_memory) {
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_index_of(device)));
   const auto st = c10::dtype_or_default(dtype);
-  TORCH_CHECK(!c10::isComplexType(st) && !c10::isQIntType(st), "tpu: dtype ", st, " is not supported on tpu yet");
+  check_dtype(st);
   return at::detail::empty_strided_generic(size, stride, tpu_allocator(), kTpuKeys, st);
 }
 
@@ -137,6 +144,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty_strided", torchtpu::empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);
+  m.impl("view_as_real", at::native::view_as_real);
+  m.impl("view_as_complex", at::native::view_as_complex);
   m.impl("_reshape_alias", at::native::_reshape_alias);
   m.impl("unfold", at::native::unfold);
   m.impl("alias", at::native::alias);

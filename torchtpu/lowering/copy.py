@@ -23,7 +23,8 @@ def _copy_between_devices(dst: torch.Tensor, src: torch.Tensor) -> None:
     """tpu:i -> tpu:j: src's values (dst's dtype, broadcast to dst's shape) in one buffer on device i, moved to
     device j by PJRT (no host round trip through torch)."""
     tr = X.Trace("copy_", src.device.index or 0)
-    (buf,) = X.launch(tr, [E.broadcast_to(E.convert(tr.read(src), dst.dtype), tuple(dst.shape))])
+    value = _stored(E.convert(tr.read_value(src), dst.dtype), dst)
+    (buf,) = X.launch(tr, [E.broadcast_to(value, tuple(dst.shape))])
     buf = runtime.get().move(buf, dst.device.index or 0)
     metrics.inc("transfers.d2d")
     metrics.inc("bytes.d2d", dst.numel() * dst.element_size())
@@ -61,15 +62,26 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
             _copy_between_devices(self, src)
             return self
         tr = X.Trace("copy_", self.device.index or 0)
-        tr.write(self, tr.read(src))
+        tr.write(self, _stored(tr.read_value(src), self))
         X.launch(tr)
     elif self.device.type == "tpu":
         if src.device.type != "cpu":
             src = src.cpu()
-        _upload(self, src.to(self.dtype).expand(self.shape))
+        src = src.resolve_conj().resolve_neg().to(self.dtype).expand(self.shape)
+        _upload(self, src.conj_physical() if self.is_conj() else -src if self.is_neg() else src)
     else:  # tpu -> host
-        self.copy_(X.read_host(src, "copy_to_cpu"))
+        host = X.read_host(src, "copy_to_cpu")
+        self.copy_(host.conj_physical() if src.is_conj() else -host if src.is_neg() else host)
     return self
+
+
+def _stored(value, dst):
+    """What dst's storage holds for these values of dst: their conjugate / negation under a conj / neg bit."""
+    if dst.is_conj():
+        value = E.conj(value)
+    if dst.is_neg():
+        value = E.unary("negate", value)
+    return value
 
 
 @direct("_copy_from")

@@ -284,11 +284,15 @@ for _n, _d in {"eq": "EQ", "ne": "NE", "lt": "LT", "le": "LE", "gt": "GT", "ge":
 
 @lowering("isnan")
 def isnan(tr, x):
+    if x.dtype.is_complex:  # either part
+        return E.binary("or", E.isnan(E.real(x)), E.isnan(E.imag(x)))
     return E.isnan(x) if x.dtype.is_floating_point else E.const(x.fn, False, torch.bool, x.shape)
 
 
 @lowering("isinf")
 def isinf(tr, x):
+    if x.dtype.is_complex:
+        return E.binary("or", isinf(tr, E.real(x)), isinf(tr, E.imag(x)))
     if not x.dtype.is_floating_point:
         return E.const(x.fn, False, torch.bool, x.shape)
     return E.compare(E.unary("abs", x), E.const(x.fn, math.inf, x.dtype), "EQ")

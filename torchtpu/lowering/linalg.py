@@ -1,4 +1,4 @@
-"""Dense real linear algebra through JAX (jax.lax.linalg): LU, solve, inverse, determinants, Cholesky,
+"""Dense linear algebra (real and complex) through JAX (jax.lax.linalg): LU, solve, inverse, determinants, Cholesky,
 triangular solves, eigh, SVD, QR, matrix_exp.
 
 JAX picks each platform's own factorization (LAPACK custom calls on CPU, XLA's TPU expanders, cuSOLVER).
@@ -29,6 +29,13 @@ def _mT(x):
     return jnp.swapaxes(x, -1, -2)
 
 
+def _mH(x):
+    """The adjoint (conjugate transpose); the transpose for real matrices."""
+    import jax.numpy as jnp
+
+    return jnp.conj(_mT(x)) if jnp.iscomplexobj(x) else _mT(x)
+
+
 def _lu(a):
     """(packed LU, 1-based int32 pivots, permutation, LAPACK info) of a batch of square matrices."""
     import jax.numpy as jnp
@@ -51,7 +58,7 @@ def _perm_from_pivots(piv, n):
 
 
 def _lu_solve(lu, perm, b, adjoint=False):
-    """Solves A x = b (or A^T x = b) for column blocks b (..., n, k), with P A = L U."""
+    """Solves A x = b (or A^H x = b) for column blocks b (..., n, k), with P A = L U."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -59,8 +66,9 @@ def _lu_solve(lu, perm, b, adjoint=False):
         pb = jnp.take_along_axis(b, perm[..., :, None], axis=-2)
         y = lax.linalg.triangular_solve(lu, pb, left_side=True, lower=True, unit_diagonal=True)
         return lax.linalg.triangular_solve(lu, y, left_side=True, lower=False)
-    y = lax.linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True)
-    z = lax.linalg.triangular_solve(lu, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True)
+    y = lax.linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    z = lax.linalg.triangular_solve(lu, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True,
+                                    conjugate_a=True)
     inv = jnp.argsort(perm, axis=-1)
     return jnp.take_along_axis(z, inv[..., :, None], axis=-2)
 
@@ -95,8 +103,8 @@ def lu_solve(tr, lu, pivots, b, left=True, adjoint=False):
         perm = _perm_from_pivots(piv, n)
         if left:
             return _lu_solve(lu_, perm, _batch_to(b_, batch), adjoint)
-        # X A = B  <=>  A^T X^T = B^T
-        return _mT(_lu_solve(lu_, perm, _mT(_batch_to(b_, batch)), not adjoint))
+        # X A = B  <=>  A^H X^H = B^H (and X A^H = B  <=>  A X^H = B^H)
+        return _mH(_lu_solve(lu_, perm, _mH(_batch_to(b_, batch)), not adjoint))
 
     return _call(tr, "lu_solve", f, [lu, pivots, b], (left, adjoint, tuple(out.shape)))
 
@@ -167,7 +175,7 @@ def solve_ex(tr, a, b, left=True, check_errors=False):
         lu_, piv, perm, info = _lu(_batch_to(a_, batch))
         bb = b_[..., None] if vec else b_
         bb = jnp.broadcast_to(bb, tuple(batch) + bb.shape[-2:])
-        x = _lu_solve(lu_, perm, bb) if left else _mT(_lu_solve(lu_, perm, _mT(bb), True))
+        x = _lu_solve(lu_, perm, bb) if left else _mH(_lu_solve(lu_, perm, _mH(bb), True))
         return (x[..., 0] if vec else x), lu_, piv, info
 
     return _call(tr, "solve_ex", f, [a, b], (left, vec, tuple(res_m.shape)))
@@ -187,11 +195,12 @@ def inv_ex(tr, a, check_errors=False):
     return _call(tr, "inv_ex", f, [a])
 
 
-def _det_parts(x):
-    """LU of x^T, as CPU's det/slogdet return it (their gradients solve with it, adjoint=True)."""
+def _det_parts(x, transposed):
+    """LU of x^T (transposed) or of x, as CPU's det/slogdet return it: of x^T for contiguous real matrices, of x
+    otherwise; their gradients solve with it (adjoint=not transposed)."""
     import jax.numpy as jnp
 
-    lu_, piv, _, _ = _lu(_mT(x))
+    lu_, piv, _, _ = _lu(_mT(x) if transposed else x)
     n = x.shape[-1]
     d = jnp.diagonal(lu_, axis1=-2, axis2=-1)
     swaps = jnp.sum(piv != jnp.arange(1, n + 1, dtype=jnp.int32), axis=-1)
@@ -213,13 +222,21 @@ def det(tr, a):
     if a.shape[-1] == 0:
         return _empty_det(tr, False)
 
+    transposed = _lu_of_transpose(tr, a)
+
     def f(x):
         import jax.numpy as jnp
 
-        lu_, piv, d, parity = _det_parts(x)
+        lu_, piv, d, parity = _det_parts(x, transposed)
         return parity * jnp.prod(d, axis=-1), lu_, piv
 
-    return _call(tr, "det", f, [a])
+    return _call(tr, "det", f, [a], (transposed,))
+
+
+def _lu_of_transpose(tr, a):
+    """CPU's det and slogdet factor A^T when A is contiguous and real (their backward checks the same)."""
+    t = tr.source.get(id(a))
+    return t is not None and t.is_contiguous() and not t.is_complex()
 
 
 @lowering("_linalg_slogdet")
@@ -227,14 +244,16 @@ def slogdet(tr, a):
     if a.shape[-1] == 0:
         return _empty_det(tr, True)
 
+    transposed = _lu_of_transpose(tr, a)
+
     def f(x):
         import jax.numpy as jnp
 
-        lu_, piv, d, parity = _det_parts(x)
-        sign = parity * jnp.prod(jnp.sign(d), axis=-1)
+        lu_, piv, d, parity = _det_parts(x, transposed)
+        sign = parity * jnp.prod(jnp.sign(d), axis=-1)  # d / |d| for complex d
         return sign, jnp.sum(jnp.log(jnp.abs(d)), axis=-1), lu_, piv
 
-    return _call(tr, "slogdet", f, [a])
+    return _call(tr, "slogdet", f, [a], (transposed,))
 
 
 # -- Cholesky ----------------------------------------------------------------------------------------------
@@ -245,14 +264,15 @@ def _minor_info(a):
     from jax import lax
 
     n = a.shape[-1]
-    m = jnp.tril(a) + _mT(jnp.tril(a, -1))
+    m = jnp.tril(a) + _mH(jnp.tril(a, -1))
 
     def body(j, carry):
         m, info = carry
         d = m[..., j, j]
-        bad = ~(d > 0) & (info == 0)
+        pos = jnp.real(d) > 0
+        bad = ~pos & (info == 0)
         info = jnp.where(bad, j + 1, info)
-        col = m[..., :, j] / jnp.where(d > 0, d, 1)[..., None]
+        col = m[..., :, j] / jnp.where(pos, d, 1)[..., None]
         m = m - col[..., :, None] * m[..., j, None, :]
         return m, info
 
@@ -269,14 +289,14 @@ def cholesky_ex(tr, a, upper=False, check_errors=False):
         ok = jnp.all(jnp.isfinite(low))
         info = lax.cond(ok, lambda v: jnp.zeros(v.shape[:-2], jnp.int32), _minor_info, x)
         low = jnp.where(jnp.isfinite(low), low, 0)
-        return (_mT(low) if upper else low), info
+        return (_mH(low) if upper else low), info
 
     return _call(tr, "cholesky_ex", f, [a], (upper,))
 
 
 @lowering("cholesky")
 def cholesky(tr, a, upper=False):
-    return _call(tr, "cholesky", lambda x: _mT(_chol(x)) if upper else _chol(x), [a], (upper,))
+    return _call(tr, "cholesky", lambda x: _mH(_chol(x)) if upper else _chol(x), [a], (upper,))
 
 
 def _chol(x):
@@ -290,9 +310,9 @@ def cholesky_solve_helper(tr, b, factor, upper):
     def f(b_, c):
         from jax import lax
 
-        low = _mT(c) if upper else c
+        low = _mH(c) if upper else c
         y = lax.linalg.triangular_solve(low, b_, left_side=True, lower=True)
-        return lax.linalg.triangular_solve(low, y, left_side=True, lower=True, transpose_a=True)
+        return lax.linalg.triangular_solve(low, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
 
     return _call(tr, "cholesky_solve", f, [b, factor], (upper,))
 
@@ -305,10 +325,10 @@ def cholesky_inverse(tr, factor, upper=False):
         import jax.numpy as jnp
         from jax import lax
 
-        low = _mT(c) if upper else c
+        low = _mH(c) if upper else c
         eye = jnp.broadcast_to(jnp.eye(n, dtype=c.dtype), c.shape)
         y = lax.linalg.triangular_solve(low, eye, left_side=True, lower=True)
-        return lax.linalg.triangular_solve(low, y, left_side=True, lower=True, transpose_a=True)
+        return lax.linalg.triangular_solve(low, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
 
     return _call(tr, "cholesky_inverse", f, [factor], (upper,))
 

@@ -118,12 +118,12 @@ def silu_backward(tr, grad, x):
 
 @lowering("sigmoid_backward")
 def sigmoid_backward(tr, grad, y):
-    return E.mul(grad, E.mul(y, E.sub(_c(y, 1.0), y)))
+    return E.mul(grad, E.conj(E.mul(y, E.sub(_c(y, 1.0), y))))  # complex: the conjugate derivative, as autograd
 
 
 @lowering("tanh_backward")
 def tanh_backward(tr, grad, y):
-    return E.mul(grad, E.sub(_c(y, 1.0), E.mul(y, y)))
+    return E.mul(grad, E.conj(E.sub(_c(y, 1.0), E.mul(y, y))))
 
 
 def _softmax_parts(x, dim, dt):

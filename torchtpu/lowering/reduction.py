@@ -198,13 +198,16 @@ def argmin(tr, x, dim=None, keepdim=False):
 
 
 def _var(x, dims, correction, keepdim, dt):
+    """(variance, mean, dtype): the variance of complex values is the mean |x - mean|^2 (real), their mean complex."""
     acc = E.acc_dtype(dt)
-    xv = E.convert(x, acc)
+    xacc = x.dtype if x.dtype.is_complex else acc
+    xv = E.convert(x, xacc)
     n = _count(x, dims)
-    s = reduce(xv, dims, "add", True, acc)
-    mean = E.div(s, E.const(x.fn, n, acc, s.shape))
+    s = reduce(xv, dims, "add", True, xacc)
+    mean = E.div(s, E.const(x.fn, n, xacc, s.shape))
     d = E.sub(xv, mean)
-    ss = reduce(E.mul(d, d), dims, "add", keepdim, acc)
+    sq = E.mul(d, d) if not d.dtype.is_complex else E.add(E.mul(E.real(d), E.real(d)), E.mul(E.imag(d), E.imag(d)))
+    ss = reduce(sq, dims, "add", keepdim, acc)
     denom = max(n - (1 if correction is None else correction), 0)
     var = E.div(ss, E.const(x.fn, denom, acc, ss.shape))
     return var, (mean if keepdim else E.reshape(mean, ss.shape)), acc
@@ -228,7 +231,7 @@ def std(tr, x, dim=None, correction=None, keepdim=False):
 def var_mean(tr, x, dim=None, correction=None, keepdim=False):
     dt = _meta(tr).dtype
     v, m, _ = _var(x, _dims(x, dim), correction, keepdim, dt)
-    return E.convert(v, dt), E.convert(m, dt)
+    return E.convert(v, dt), E.convert(m, _meta(tr, 1).dtype)
 
 
 @lowering("logsumexp")
@@ -236,8 +239,11 @@ def logsumexp(tr, x, dim, keepdim=False):
     dt = _meta(tr).dtype
     dims = _dims(x, dim)
     xv = E.convert(x, dt)
-    m = reduce(xv, dims, "maximum", True)
-    m = E.select(E.compare(E.unary("abs", m), E.const(x.fn, math.inf, dt, m.shape), "EQ"), E.const(x.fn, 0, dt, m.shape), m)
+    re = E.real(xv)  # complex values shift by the largest real part, as CPU does
+    m = reduce(re, dims, "maximum", True)
+    m = E.select(E.compare(E.unary("abs", m), E.const(x.fn, math.inf, m.dtype, m.shape), "EQ"),
+                 E.const(x.fn, 0, m.dtype, m.shape), m)
+    m = E.convert(m, dt)
     s = reduce(E.unary("exponential", E.sub(xv, m)), dims, "add", True)
     r = E.add(E.unary("log", s), m)
     return r if keepdim else E.reshape(r, _meta(tr).shape)
@@ -298,7 +304,7 @@ def vector_norm(tr, x, ord=2, dim=None, keepdim=False, dtype=None):
     dims = list(range(x.rank)) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else \
         [d % max(x.rank, 1) for d in ([dim] if isinstance(dim, int) else dim)]
     dims = dims if x.rank else []
-    a = E.unary("abs", E.convert(x, acc))
+    a = E.convert(E.unary("abs", x), acc)  # |x| first: a complex x's modulus
     c = lambda v: E.const(x.fn, v, acc, a.shape)  # noqa: E731
     if ord == math.inf:
         r = reduce(a, dims, "maximum", keepdim)

@@ -26,6 +26,8 @@ def _scan(kind):
                 r = jnp.cumsum(b, axis=d)
             elif kind == "cumprod":
                 r = jnp.cumprod(b, axis=d)
+            elif jnp.iscomplexobj(b):
+                r = lax.associative_scan(_complex_log_add_exp, b, axis=d)
             else:
                 r = lax.cumlogsumexp(b, axis=d)
             return r.astype(a.dtype)
@@ -33,6 +35,20 @@ def _scan(kind):
         return jaxfn.call(tr, kind, f, [xv], (d,))[0]
 
     return rule
+
+
+def _complex_log_add_exp(x, y):
+    """log(exp(x) + exp(y)) for complex x, y as CPU computes it: the larger real part factored out; two infinite
+    real parts of the same sign give -inf (x) or the direct formula."""
+    import jax.numpy as jnp
+
+    x_small = x.real <= y.real
+    lo, hi = jnp.where(x_small, x, y), jnp.where(x_small, y, x)
+    general = hi + jnp.log1p(jnp.exp(lo - hi))
+    both_inf = ~jnp.isfinite(lo.real) & (lo.real == hi.real)
+    inf_case = jnp.where(lo.real < 0, x, jnp.log(jnp.exp(x) + jnp.exp(y)))
+    nan = jnp.isnan(lo.real) | jnp.isnan(hi.real)
+    return jnp.where(nan, jnp.full_like(x, jnp.nan), jnp.where(both_inf, inf_case, general))
 
 
 lowering("cumsum")(_scan("cumsum"))

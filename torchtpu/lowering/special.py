@@ -261,8 +261,11 @@ lowering("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bit
 
 @lowering("angle")
 def angle(tr, x):
-    """Argument of a real number: pi for negatives, 0 otherwise (-0.0 included), NaN stays NaN."""
+    """Argument of a real number: pi for negatives, 0 otherwise (-0.0 included), NaN stays NaN. Of a complex
+    number: atan2(imag, real)."""
     dt = out_meta(tr).dtype
+    if x.dtype.is_complex:
+        return E.binary("atan2", E.imag(x), E.real(x))
     v = E.convert(x, dt)
     c = lambda val: E.const(v.fn, val, dt, v.shape)  # noqa: E731
     r = E.select(E.compare(v, c(0), "LT"), c(3.141592653589793), c(0))
