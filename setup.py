@@ -5,6 +5,10 @@ import glob
 import os
 import shutil
 
+# Building must not load the (possibly stale) extension it is about to replace: torch autoloads torchtpu.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+import numpy
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -19,7 +23,7 @@ setup(
         CppExtension(
             "torchtpu._C",
             sources,
-            include_dirs=[os.path.join(ROOT, "csrc")],
+            include_dirs=[os.path.join(ROOT, "csrc"), numpy.get_include()],
             extra_compile_args=["-O2", "-std=c++17", "-Wno-unused-parameter"],
         )
     ],

@@ -4,11 +4,17 @@
 #include <pybind11/stl.h>
 #include <ATen/MemoryOverlap.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/generator.h"
+#include "core/storage.h"
+#include "executor/executor.h"
+#include "graph/fragment.h"
+#include "graph/graph.h"
+#include "runtime/python.h"
 
 namespace py = pybind11;
 
@@ -26,9 +32,138 @@ torchtpu::TpuGeneratorImpl* generator_of(py::object gen, int64_t device_index) {
   return g.get<torchtpu::TpuGeneratorImpl>();
 }
 
+at::Tensor tensor_of(py::handle h) {
+  TORCH_CHECK(THPVariable_Check(h.ptr()), "expected a tensor");
+  return THPVariable_Unpack(h.ptr());
+}
+
+std::vector<at::Tensor> tensors_of(const py::list& l) {
+  std::vector<at::Tensor> out;
+  for (auto h : l) out.push_back(h.is_none() ? at::Tensor() : tensor_of(h));
+  return out;
+}
+
+torchtpu::ValueType value_type_of(py::handle shape, py::handle dtype) {
+  torchtpu::ValueType t;
+  t.dtype = dtype.cast<at::ScalarType>();
+  for (auto d : shape) t.shape.push_back(d.cast<int64_t>());
+  return t;
+}
+
+void register_executor(py::module& m) {
+  m.def("_set_callbacks", &torchtpu::runtime::set_callbacks);
+  m.def("_take_checks", &torchtpu::runtime::take_checks);
+  m.def("_register_kernels", &torchtpu::register_kernels);
+  m.def("_set_mode", [](int mode) { torchtpu::set_mode(static_cast<torchtpu::Mode>(mode)); });
+  m.def("_get_mode", []() { return static_cast<int>(torchtpu::get_mode()); });
+  m.def("_set_fused_limits", &torchtpu::set_fused_limits);
+  m.def("_set_chunk_cache_capacity", &torchtpu::set_chunk_cache_capacity);
+  m.def("_register_fragment", [](std::string label, std::string text, py::list deps, py::list params,
+                                 py::list scalars, py::list results, bool has_check) {
+    torchtpu::Fragment f;
+    f.label = std::move(label);
+    f.text = std::move(text);
+    for (auto d : deps) {
+      auto t = d.cast<py::tuple>();
+      f.deps.emplace_back(t[0].cast<std::string>(), t[1].cast<std::string>());
+    }
+    for (auto p : params) {
+      auto t = p.cast<py::tuple>();
+      f.params.push_back(value_type_of(t[0], t[1]));
+      f.param_types.push_back(t[2].cast<std::string>());
+    }
+    for (auto p : scalars) {
+      auto t = p.cast<py::tuple>();
+      f.scalars.push_back({static_cast<torchtpu::ScalarKind>(t[0].cast<int>()), t[1].cast<std::string>()});
+    }
+    for (auto p : results) {
+      auto t = p.cast<py::tuple>();
+      f.results.push_back(value_type_of(t[0], t[1]));
+      f.result_types.push_back(t[2].cast<std::string>());
+    }
+    f.has_check = has_check;
+    return torchtpu::register_fragment(std::move(f));
+  });
+  m.def("_record_fragment", [](int32_t fid, py::list storages, std::vector<double> fs, std::vector<int64_t> is,
+                               py::list results, std::string line) {
+    auto st = tensors_of(storages);
+    auto rs = tensors_of(results);
+    py::gil_scoped_release no_gil;
+    torchtpu::record_fragment(fid, st, fs, is, rs, line);
+  });
+  m.def("_storage_buffer", [](py::handle t, int cause) -> py::object {
+    at::Tensor tensor = tensor_of(t);
+    _object* a;
+    {
+      py::gil_scoped_release no_gil;
+      a = torchtpu::storage_buffer(tensor, cause);
+    }
+    if (a == nullptr) return py::none();
+    return py::reinterpret_steal<py::object>(a);
+  });
+  m.def("_set_storage_buffer", [](py::handle t, py::object array, py::handle dtype, py::handle shape) {
+    auto vt = value_type_of(shape, dtype);
+    std::vector<int64_t> sh(vt.shape.begin(), vt.shape.end());
+    torchtpu::set_storage_buffer(tensor_of(t), array.release().ptr(), vt.dtype, sh);
+  });
+  m.def("_storage_value_type", [](py::handle t) -> py::object {
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+    if (!torchtpu::storage_value_type(tensor_of(t), &shape, &dtype)) return py::none();
+    return py::make_tuple(py::tuple(py::cast(shape)), py::cast(dtype));
+  });
+  m.def("_synchronize", [](int64_t device, int cause) {
+    py::gil_scoped_release no_gil;
+    torchtpu::synchronize(device, cause);
+  });
+  m.def("_cut", [](int64_t device, int cause) {
+    py::gil_scoped_release no_gil;
+    if (device < 0) {
+      torchtpu::cut_all(static_cast<torchtpu::CutCause>(cause));
+    } else {
+      torchtpu::cut(static_cast<c10::DeviceIndex>(device), static_cast<torchtpu::CutCause>(cause));
+    }
+  });
+  m.def("_pending_hashes", [](int64_t device) { return torchtpu::pending_hashes(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_pending_describe", [](int64_t device) { return torchtpu::pending_describe(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_pending_ops", [](int64_t device) { return torchtpu::pending_ops(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_counters", []() {
+    py::dict d;
+    auto e = torchtpu::exec_counters();
+    d["ops"] = e.ops;
+    d["op_table.hits"] = e.hits;
+    d["op_table.misses"] = e.misses;
+    d["op_table.entries"] = e.entries;
+    d["op_table.specializations"] = e.specializations;
+    d["python_kernels"] = e.python_kernels;
+    auto& g = torchtpu::graph_counters();
+    d["chunks"] = g.chunks.load();
+    d["chunk_ops"] = g.chunk_ops.load();
+    d["chunk_ops_max"] = g.chunk_ops_max.load();
+    d["chunk_cache.hits"] = g.chunk_cache_hits.load();
+    d["chunk_cache.misses"] = g.chunk_cache_misses.load();
+    d["chunk_cache.evictions"] = g.chunk_cache_evictions.load();
+    d["donated_buffers"] = g.donated_buffers.load();
+    d["donated_bytes"] = g.donated_bytes.load();
+    d["failed_chunks"] = g.failed_chunks.load();
+    d["dead_ops"] = g.dead_ops.load();
+    for (int c = 0; c < static_cast<int>(torchtpu::CutCause::kCount); ++c) {
+      auto v = g.cuts[c].load();
+      if (v) d[py::str(std::string("cuts.") + torchtpu::cut_cause_name(static_cast<torchtpu::CutCause>(c)))] = v;
+    }
+    py::dict ops;
+    for (const auto& kv : torchtpu::op_counts()) ops[py::str(kv.first)] = kv.second;
+    d["op_counts"] = ops;
+    return d;
+  });
+  m.def("_reset_counters", &torchtpu::reset_counters);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  torchtpu::runtime::init_numpy();
+  register_executor(m);
   m.def("_set_device_count", [](int64_t n) { torchtpu::set_device_count(static_cast<c10::DeviceIndex>(n)); });
   m.def("_device_count", []() { return static_cast<int64_t>(torchtpu::device_count()); });
   m.def("_current_device", []() { return static_cast<int64_t>(torchtpu::current_device()); });
@@ -42,17 +177,16 @@ PYBIND11_MODULE(_C, m) {
     });
   });
   m.def("_clear_synchronize_callback", []() { torchtpu::set_synchronize_callback(nullptr); });
-  m.def("_drain_storage_events", &torchtpu::drain_storage_events);
-  m.def("_allocator_stats", [](int64_t device) {
-    auto s = torchtpu::allocator_stats(static_cast<c10::DeviceIndex>(device));
+  m.def("_memory_stats", [](int64_t device) {
+    auto s = torchtpu::memory_stats(static_cast<c10::DeviceIndex>(device));
     return py::dict(py::arg("allocated_bytes") = s.allocated_bytes, py::arg("peak_bytes") = s.peak_bytes,
-                    py::arg("live_storages") = s.live_storages, py::arg("total_allocations") = s.total_allocations);
+                    py::arg("live_buffers") = s.live_buffers, py::arg("total_buffers") = s.total_buffers,
+                    py::arg("live_storages") = s.live_storages, py::arg("donated_bytes") = s.donated_bytes);
   });
+  m.def("_reset_peak_memory", [](int64_t device) { torchtpu::reset_peak_memory(static_cast<c10::DeviceIndex>(device)); });
   // CPU's out= aliasing checks, on tpu tensors' storage tokens (nothing is dereferenced).
   m.def("_assert_no_internal_overlap", [](const at::Tensor& t) { at::assert_no_internal_overlap(t); });
   m.def("_assert_no_overlap", [](const at::Tensor& a, const at::Tensor& b) { at::assert_no_overlap(a, b); });
-  m.def("_reset_peak_allocated",
-        [](int64_t device) { torchtpu::reset_peak_allocated(static_cast<c10::DeviceIndex>(device)); });
   m.def(
       "_philox_advance",
       [](py::object gen, int64_t device_index, uint64_t increment) {

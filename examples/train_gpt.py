@@ -149,11 +149,10 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
     print(f"torchtpu {torchtpu.__version__} on {torch.tpu.get_device_name()}")
-    modes = ["strict", "debug"]
+    modes = ["strict", "fused", "debug"]
     side_by_side("a small GPT written here", lambda: small_gpt(dropout=False), args.steps, modes)
     print(torchtpu.metrics.report())
     side_by_side("Hugging Face GPT-2 (transformers, tiny config)", hf_gpt2, args.steps, modes)
-    print("fused mode: not implemented yet (its own issue)")
     drop, _, _ = train(lambda: small_gpt(dropout=True), "tpu", 3)
     print(f"\nwith dropout (tpu generator), first losses: {[round(v, 4) for v in drop]}")
 

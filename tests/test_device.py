@@ -76,9 +76,9 @@ def test_item_print_and_scalars():
 
 # -- every device index works as tpu:0 does ---------------------------------------------------------------
 def _pjrt_device(t):
-    from torchtpu import storage as S
+    from torchtpu import executor
 
-    (d,) = S.state(S.token(t)).buf.devices()
+    (d,) = executor.buffer_of(t).devices()
     return d.id
 
 
@@ -150,7 +150,7 @@ def test_training_on_tpu1_and_memory_per_device():
     assert m.weight.grad.device == torch.device("tpu:1")
     torch.testing.assert_close(m.weight.cpu(), ref.weight, rtol=1e-5, atol=1e-6)
     base0, base1 = torch.tpu.memory_allocated(0), torch.tpu.memory_allocated(1)
-    big = torch.empty(1024, 256, device="tpu:1")
+    big = torch.ones(1024, 256, device="tpu:1")
     assert torch.tpu.memory_allocated(1) == base1 + big.nbytes
     assert torch.tpu.memory_allocated(0) == base0
     del big

@@ -21,8 +21,10 @@ def test_foreach_inplace_ops_match_cpu_in_one_launch_each():
         torch._foreach_addcdiv_(xs, xs, [x.abs() + 1 for x in xs], [0.1, 0.2, 0.3])
         torch._foreach_div_(xs, [2.0, 3.0, 4.0])
     assert_same(cs, ts)
+    torchtpu.sync()
     torchtpu.metrics.reset()
     torch._foreach_mul_(ts, 0.25)
+    torchtpu.sync()
     assert torchtpu.metrics.counters()["executions"] == 1
 
 

@@ -2,7 +2,7 @@
 import torch
 
 from torchtpu import emit as E
-from torchtpu import storage as S
+from torchtpu import views as S
 from torchtpu.hlo import Fn, literal, tensor_type
 
 

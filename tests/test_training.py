@@ -63,10 +63,11 @@ def _load_example():
 
 def test_small_gpt_step_runs_with_zero_cpu_fallbacks_and_matches_cpu():
     gpt = _load_example()
-    cpu, _ = gpt.train("cpu", 3, dropout=False)
-    tpu, _ = gpt.train("tpu", 3, dropout=False)
-    assert max(abs(a - b) / abs(a) for a, b in zip(cpu, tpu)) < 1e-4
-    tpu_drop, _ = gpt.train("tpu", 2, dropout=True)
+    for build in (lambda: gpt.small_gpt(dropout=False), gpt.hf_gpt2):
+        cpu, _, _ = gpt.train(build, "cpu", 3)
+        tpu, _, _ = gpt.train(build, "tpu", 3)
+        assert max(abs(a - b) / abs(a) for a, b in zip(cpu, tpu)) < 1e-5
+    tpu_drop, _, _ = gpt.train(lambda: gpt.small_gpt(dropout=True), "tpu", 2)
     assert all(v == v for v in tpu_drop)
     c = torchtpu.metrics.counters()
     assert not any(k.startswith("fallback.") for k in c), c

@@ -30,11 +30,13 @@ torch._register_device_module("tpu", _device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
 from . import metrics  # noqa: E402
+from . import executor as _executor  # noqa: E402
 from .executor import get_mode, mode, set_mode, synchronize as _sync  # noqa: E402
-from . import lowering  # noqa: E402,F401  (fills the lowering table)
-from . import registry as _registry  # noqa: E402
+from . import lowering  # noqa: E402,F401  (fills the lowering tables)
+from . import kernels as _kernels  # noqa: E402
 
-_registry.register_all()
+_C._set_callbacks(_executor.callbacks())
+_kernels.register_all()
 # TPUs compute in bfloat16 natively: make it torch.autocast("tpu")'s default (CUDA's is float16).
 torch.set_autocast_dtype("tpu", torch.bfloat16)
 _C._set_synchronize_callback(lambda idx: _sync(idx))
@@ -44,7 +46,7 @@ atexit.register(_C._clear_synchronize_callback)
 
 
 def sync() -> None:
-    """Waits for every queued tpu op (and, in fused mode, cuts the pending graph)."""
+    """Launches what is pending (fused mode) and waits for every queued tpu op."""
     _sync()
 
 

@@ -165,30 +165,34 @@ def get_device_properties(device=None):
 
 # -- memory ---------------------------------------------------------------------------------------------
 def memory_allocated(device=None) -> int:
-    executor.drain()
-    return _C._allocator_stats(_index(device))["allocated_bytes"]
+    """Bytes of live device buffers on the device (what is pending in fused mode is launched first)."""
+    executor.cut(None)
+    return _C._memory_stats(_index(device))["allocated_bytes"]
 
 
 def max_memory_allocated(device=None) -> int:
-    return _C._allocator_stats(_index(device))["peak_bytes"]
+    return _C._memory_stats(_index(device))["peak_bytes"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _C._reset_peak_allocated(_index(device))
+    executor.cut(None)
+    _C._reset_peak_memory(_index(device))
 
 
 def memory_stats(device=None) -> dict:
-    executor.drain()
-    s = _C._allocator_stats(_index(device))
+    executor.cut(None)
+    s = _C._memory_stats(_index(device))
     out = {
         "allocated_bytes.all.current": s["allocated_bytes"],
         "allocated_bytes.all.peak": s["peak_bytes"],
-        "active.all.current": s["live_storages"],
-        "allocation.all.allocated": s["total_allocations"],
+        "active.all.current": s["live_buffers"],
+        "allocation.all.allocated": s["total_buffers"],
+        "storages.all.current": s["live_storages"],
+        "donated_bytes.all.allocated": s["donated_bytes"],
     }
     out.update({"device." + k: v for k, v in runtime.get().memory_stats(_index(device)).items()})
     return out
 
 
 def empty_cache() -> None:
-    executor.drain()
+    executor.cut(None)

@@ -20,6 +20,18 @@ def const(fn, value, dtype, shape=()) -> Value:
     return broadcast_to(v, shape) if tuple(shape) else v
 
 
+def constant_array(fn, values, dtype, shape) -> Value:
+    """A constant tensor from a flat list of values (row-major)."""
+    values = list(values)
+    if not values:
+        return const(fn, 0, dtype, shape)
+    lits = ", ".join(literal(v, dtype) for v in values)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 1:
+        return reshape(constant_array(fn, values, dtype, (len(values),)), shape)
+    return fn.op("stablehlo.constant", [], shape, dtype, attrs=f"value = dense<[{lits}]> : {tensor_type(shape, dtype)}")
+
+
 def acc_dtype(dt):
     """The dtype a kernel computes in: float32 for float16/bfloat16 (rounded once at the end, as CPU's opmath
     kernels do), the dtype itself otherwise."""

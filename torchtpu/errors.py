@@ -21,7 +21,10 @@ def _is_internal(filename: str) -> bool:
 def user_line() -> str:
     """file:line of the innermost frame outside torch and torchtpu (the user's code); a few µs (walks frames
     without building a traceback). On autograd's backward thread there is no user frame: '<backward>'."""
-    f = sys._getframe(1)
+    try:
+        f = sys._getframe(1)
+    except ValueError:  # called from C++ with no Python frame (autograd's backward thread)
+        f = None
     while f is not None:
         code = f.f_code
         if not _is_internal(code.co_filename):

@@ -1,12 +1,18 @@
-"""Counters for everything the backend does: ``counters()``, ``report()``, ``reset()``.
+"""Counters for everything the backend does: ``counters()``, ``report()``, ``reset()``, ``step_line()``.
 
 Names (stable, documented in docs/architecture.md):
   op.<aten op>                ops dispatched to the tpu kernels, by overload
-  executions                  executables launched
+  executions                  programs launched (chunks: one op each in strict/debug, many in fused)
+  chunks, chunk_ops, chunk_ops_max   chunks run, ops in them (mean = chunk_ops / chunks), the largest
+  cuts.<cause>                why chunks were cut (op, host_read, sync, size_cap, repeat, mode_switch, fallback)
   compiles, compile_seconds   XLA compilations and their wall time
-  cache_hits.memory, cache_misses
+  cache_hits.memory, cache_misses    launches served by a compiled program / compiled anew
+  op_table.hits / .misses / .entries  C++ op-table lookups (a miss runs the Python rules once per signature)
+  lowerings                   signatures lowered by the Python rules
+  python_kernels              calls the C++ path handed to a Python kernel
+  donated_buffers, donated_bytes      buffers a program overwrote in place
   host_syncs, host_sync.<cause>
-  transfers.h2d / .d2h, bytes.h2d / .d2h
+  transfers.h2d / .d2h / .d2d, bytes.h2d / .d2h / .d2d
   fallback.<aten op>          ops run through the counted CPU fallback
   decomposed.<aten op>        ops run through PyTorch's decompositions
 """
@@ -41,17 +47,47 @@ def host_sync(cause: str) -> None:
 
 
 def counters() -> dict:
+    from . import _C
+
     with _lock:
         out = dict(_counters)
         out.update({k: round(v, 6) for k, v in _floats.items()})
-        return out
+    cc = _C._counters()
+    for k, v in cc.pop("op_counts").items():
+        out["op." + k] = out.get("op." + k, 0) + v
+    out.update({k: v for k, v in cc.items() if v})
+    out["executions"] = cc["chunks"]
+    hits = out.get("cache_hits.memory", 0) + cc["chunk_cache.hits"]
+    if hits:
+        out["cache_hits.memory"] = hits
+    return out
 
 
 def reset() -> None:
+    from . import _C
+
     with _lock:
         _counters.clear()
         _floats.clear()
         _sync_lines.clear()
+    _C._reset_counters()
+
+
+_step_marks: dict = {}
+
+
+def step_line() -> str:
+    """One line for logging per training step: what happened since the previous call."""
+    global _step_marks
+    c = counters()
+    d = {k: c.get(k, 0) - _step_marks.get(k, 0) for k in ("ops", "executions", "chunk_ops", "compiles",
+                                                           "host_syncs", "donated_bytes", "lowerings")}
+    fb = sum(v for k, v in c.items() if k.startswith("fallback.")) - _step_marks.get("fallbacks", 0)
+    _step_marks = dict(c, fallbacks=fb + _step_marks.get("fallbacks", 0))
+    mean = d["chunk_ops"] / d["executions"] if d["executions"] else 0.0
+    return (f"ops {d['ops']} | chunks {d['executions']} ({mean:.1f} ops/chunk) | compiles {d['compiles']} | "
+            f"lowerings {d['lowerings']} | host syncs {d['host_syncs']} | fallbacks {fb} | "
+            f"donated {d['donated_bytes'] / 2**20:.1f} MiB")
 
 
 def _group(c: dict, prefix: str) -> list[tuple[str, int]]:
@@ -61,7 +97,8 @@ def _group(c: dict, prefix: str) -> list[tuple[str, int]]:
 def report() -> str:
     c = counters()
     lines = ["torchtpu metrics"]
-    scalars = ["executions", "compiles", "compile_seconds", "cache_hits.memory", "cache_misses", "host_syncs",
+    scalars = ["executions", "chunk_ops", "chunk_ops_max", "compiles", "compile_seconds", "cache_hits.memory",
+               "cache_misses", "op_table.misses", "lowerings", "python_kernels", "donated_bytes", "host_syncs",
                "transfers.h2d", "bytes.h2d", "transfers.d2h", "bytes.d2h"]
     for k in scalars:
         lines.append(f"  {k:<22} {c.get(k, 0)}")
@@ -71,7 +108,8 @@ def report() -> str:
         lines.append(f"    {name:<40} {v}")
     if len(ops) > 25:
         lines.append(f"    ... {len(ops) - 25} more")
-    for title, prefix in (("host syncs by cause", "host_sync."), ("decomposed ops", "decomposed."),
+    for title, prefix in (("chunk cuts by cause", "cuts."), ("host syncs by cause", "host_sync."),
+                          ("decomposed ops", "decomposed."),
                           ("CPU fallbacks", "fallback.")):
         group = _group(c, prefix)
         lines.append(f"  {title}: {sum(v for _, v in group)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta
+from ..tables import lowering, out_meta
 
 
 @lowering("complex")

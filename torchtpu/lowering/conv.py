@@ -10,7 +10,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import META, lowering
+from ..tables import META, lowering
 from .reduction import reduce
 
 

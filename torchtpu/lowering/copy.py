@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import torch
 
+from .. import _C
 from .. import emit as E
 from .. import executor as X
 from .. import metrics, runtime
-from .. import storage as S
+from .. import views as V
 from ..errors import op_error
-from ..registry import _device_index, direct
+from ..kernels import device_index as _device_index
+from ..tables import direct, inplace_lowering
 
 
 def _upload(dst: torch.Tensor, src_cpu: torch.Tensor) -> None:
@@ -22,10 +24,11 @@ def _upload(dst: torch.Tensor, src_cpu: torch.Tensor) -> None:
 def _copy_between_devices(dst: torch.Tensor, src: torch.Tensor) -> None:
     """tpu:i -> tpu:j: src's values (dst's dtype, broadcast to dst's shape) in one buffer on device i, moved to
     device j by PJRT (no host round trip through torch)."""
-    tr = X.Trace("copy_", src.device.index or 0)
-    value = _stored(E.convert(tr.read_value(src), dst.dtype), dst)
-    (buf,) = X.launch(tr, [E.broadcast_to(value, tuple(dst.shape))])
-    buf = runtime.get().move(buf, dst.device.index or 0)
+    tmp = torch.empty(dst.shape, dtype=dst.dtype, device=src.device)
+    tr = X.direct_trace("copy_", src.device.index or 0)
+    tr.write(tmp, _stored(E.convert(tr.read_value(src), dst.dtype), dst))
+    tr.record()
+    buf = runtime.get().move(X.buffer_of(tmp, X.CUT_HOST_READ), dst.device.index or 0)
     metrics.inc("transfers.d2d")
     metrics.inc("bytes.d2d", dst.numel() * dst.element_size())
     _write_buffer(dst, buf)
@@ -33,23 +36,28 @@ def _copy_between_devices(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def _write_buffer(dst: torch.Tensor, buf) -> None:
     """Stores device buffer `buf` (dst's dtype and shape, on dst's device) as dst's values."""
-    dev = dst.device.index or 0
-    whole = (dst.storage_offset() == 0 and S.is_contiguous(dst.shape, dst.stride())
-             and dst.numel() * dst.element_size() == dst.untyped_storage().nbytes())
-    if whole:
-        S.set_buffer(S.token(dst), buf, "copy_")
+    if V.covers_storage(dst):
+        _C._set_storage_buffer(dst, buf, dst.dtype, tuple(buf.shape))
         return
-    tr = X.Trace("copy_", dev)
-    v = tr.fn.param(tuple(dst.shape), dst.dtype)
-    tr.args.append(buf)
-    tr.write(dst, v)
-    X.launch(tr)
+    tmp = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
+    _C._set_storage_buffer(tmp, buf, dst.dtype, tuple(buf.shape))
+    tr = X.direct_trace("copy_", dst.device.index or 0)
+    tr.write(dst, tr.read(tmp))
+    tr.record()
+
+
+@inplace_lowering("copy_")
+def copy_rule(tr, self, src, non_blocking=False):
+    """tpu -> tpu on one device (the C++ path): src in self's dtype and shape; under self's conj/neg bit, what
+    self's storage holds for those values."""
+    dst = tr.source[id(self)]
+    return _stored(E.broadcast_to(E.convert(src, dst.dtype), tuple(dst.shape)), dst)
 
 
 @direct("copy_")
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """The copies the C++ path does not take: from or to the host, between devices."""
     metrics.inc("op.copy_")
-    X.drain()
     if self.numel() == 0:
         return self
     try:
@@ -61,9 +69,9 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
         if self.device != src.device:
             _copy_between_devices(self, src)
             return self
-        tr = X.Trace("copy_", self.device.index or 0)
+        tr = X.direct_trace("copy_", self.device.index or 0)
         tr.write(self, _stored(tr.read_value(src), self))
-        X.launch(tr)
+        tr.record()
     elif self.device.type == "tpu":
         if src.device.type != "cpu":
             src = src.cpu()

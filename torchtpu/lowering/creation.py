@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import emit as E
-from ..registry import lowering, out_meta as _meta
+from ..tables import lowering, out_meta as _meta
 
 
 @lowering("fill.Scalar", "fill.Tensor")

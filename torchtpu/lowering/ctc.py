@@ -12,7 +12,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import META, lowering, out_meta
+from ..tables import META, lowering, out_meta
 
 _NEG = float("-inf")
 
@@ -184,7 +184,7 @@ def _backward_fn(blank, width, batched, zero_infinity):
 def _lengths(tr, x, n):
     if isinstance(x, E.Value):
         return E.convert(x, torch.int64)
-    return tr.host(torch.tensor(list(x), dtype=torch.int64).reshape(n) if n else torch.zeros(0, dtype=torch.int64))
+    return E.constant_array(tr.fn, [int(v) for v in x], torch.int64, (n,))  # int lists are part of the op's key
 
 
 def _check(log_probs, targets, blank):

@@ -12,7 +12,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta
+from ..tables import lowering, out_meta
 
 
 

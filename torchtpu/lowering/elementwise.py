@@ -6,7 +6,8 @@ import math
 import torch
 
 from .. import emit as E
-from ..registry import lowering, out_meta
+from ..tables import lowering, out_meta
+from ..trace import plain
 
 
 def _out_dtype(tr):
@@ -21,6 +22,7 @@ def _operand(tr, x, dtype):
 
 
 def _promote_for_compare(tr, a, b):
+    a, b = plain(a), plain(b)  # result types depend on types only (the op table keys scalars by type)
     ta = a.dtype if isinstance(a, E.Value) else None
     tb = b.dtype if isinstance(b, E.Value) else None
     ma = torch.empty((), dtype=ta) if ta is not None and isinstance(a, E.Value) and a.rank == 0 else (torch.empty((1,), dtype=ta) if ta else a)
@@ -130,7 +132,7 @@ def _binary(hlo_name, with_alpha=False):
         dt = _out_dtype(tr)
         av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
         if with_alpha and alpha != 1:
-            bv = E.mul(bv, tr.scalar(alpha, dt))
+            bv = E.mul(bv, _operand(tr, alpha, dt))
         if dt == torch.bool and hlo_name in ("add", "multiply"):
             return E.binary("or" if hlo_name == "add" else "and", av, bv)
         return E.binary(hlo_name, av, bv)
@@ -145,9 +147,9 @@ def _half_operands_rounded(rule):
 
     def wrapped(tr, a, b, alpha=1):
         dt = _out_dtype(tr)
-        if dt in (torch.float16, torch.bfloat16):
-            a, b = (E.convert(v, dt) if isinstance(v, E.Value) else float(torch.tensor(v, dtype=dt)) for v in (a, b))
-            alpha = float(torch.tensor(alpha, dtype=dt))
+        if dt in (torch.float16, torch.bfloat16):  # rounded on the device: they may be runtime scalars
+            a, b = (E.convert(v, dt) if isinstance(v, E.Value) else tr.scalar(v, dt) for v in (a, b))
+            alpha = tr.scalar(alpha, dt) if alpha != 1 else 1
         return inner(tr, a, b, alpha)
 
     return wrapped
@@ -171,7 +173,7 @@ def rsub(tr, a, b, alpha=1):
     dt = _out_dtype(tr)
     av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
     if alpha != 1:
-        av = E.mul(av, tr.scalar(alpha, dt))
+        av = E.mul(av, _operand(tr, alpha, dt))
     return E.sub(bv, av)
 
 

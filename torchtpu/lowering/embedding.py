@@ -11,7 +11,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import inplace_lowering, lowering, out_meta
+from ..tables import inplace_lowering, lowering, out_meta
 
 SUM, MEAN, MAX = 0, 1, 2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import FOREACH, RULES
+from ..tables import FOREACH, RULES
 
 # foreach overload -> element overload suffix, in order of preference
 _ELEMENT = {"List": ("Tensor", "default"), "Tensor": ("Tensor", "default"), "Scalar": ("Scalar", "default"),

@@ -10,7 +10,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta
+from ..tables import lowering, out_meta
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 ZEROS, BORDER, REFLECTION = 0, 1, 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import emit as E
-from ..registry import PREPROCESS, inplace_lowering, lowering, out_meta as _meta
+from ..tables import PREPROCESS, inplace_lowering, lowering, out_meta as _meta
 
 
 def _wrap(idx, size):
@@ -194,7 +194,7 @@ def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_
 # -- data-dependent output shapes: the host learns the size (a counted host sync) -------------------
 from .. import executor as _X  # noqa: E402
 from .. import metrics as _metrics  # noqa: E402
-from ..registry import direct  # noqa: E402
+from ..tables import direct  # noqa: E402
 
 
 @direct("nonzero")

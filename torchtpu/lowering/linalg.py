@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta
+from ..tables import lowering, out_meta
 
 
 def _call(tr, name, f, args, static=()):

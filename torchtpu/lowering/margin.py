@@ -4,7 +4,7 @@ them. A hinge term counts where its margin is strictly positive (the vjp of `whe
 from __future__ import annotations
 
 from .. import jaxfn
-from ..registry import META, lowering
+from ..tables import META, lowering
 
 _MEAN, _SUM = 1, 2
 

@@ -5,7 +5,7 @@ import torch
 
 from .. import emit as E
 from .. import runtime
-from ..registry import lowering, out_meta as _meta
+from ..tables import lowering, out_meta as _meta
 
 
 def _dot(a, b, lb, rb, lc, rc, out_dtype):

@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import emit as E
-from ..registry import lowering, out_meta as _meta
+from ..tables import lowering, out_meta as _meta
 from .elementwise import _erf
 from .elementwise import _half_in_f32 as _in_acc  # activation rules: halves computed in float32, rounded once
 from .reduction import reduce

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta
+from ..tables import lowering, out_meta
 
 
 def _pad_fn(mode, padding, nd):

@@ -7,7 +7,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta as _meta
+from ..tables import lowering, out_meta as _meta
 
 
 def _out_size(n, k, s, p, ceil_mode):

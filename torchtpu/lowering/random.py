@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from .. import _C, runtime
+
 from .. import emit as E
-from ..registry import inplace_lowering
+from ..tables import inplace_lowering
 
 
 def _state(tr, generator, numel):
-    seed, offset = _C._philox_advance(generator, tr.device_index, max(1, numel))
-    v = tr.fn.param((2,), torch.uint64)
-    tr.args.append(runtime.get().from_numpy(np.array([seed, offset], dtype=np.uint64), tr.device_index))
-    return v
+    return tr.rng_state(generator, max(1, numel))
 
 
 def uniform01(tr, generator, shape, dtype):

@@ -7,7 +7,7 @@ import torch
 
 from .. import emit as E
 from ..hlo import region, tensor_type
-from ..registry import lowering, out_meta as _meta
+from ..tables import lowering, out_meta as _meta
 
 
 def _dims(x, dim):

@@ -5,7 +5,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta as _meta
+from ..tables import lowering, out_meta as _meta
 
 
 def _scan(kind):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from .. import jaxfn
-from ..registry import lowering
+from ..tables import lowering
 
 _IDENT = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
 

@@ -16,7 +16,7 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..registry import lowering, out_meta
+from ..tables import lowering, out_meta
 
 _F = np.float32
 _CUBIC_A = -0.75

@@ -1,14 +1,10 @@
-"""Storage handles and views.
+"""Views of storages: reading a strided view from a storage's value, writing through one, reinterpreting bytes.
 
-A tpu storage's data pointer is a token (see csrc/core/allocator.h). Its state lives
-here: ``buf`` is the device buffer (a jax Array) holding the whole storage, or None
-while the storage was never written (it then reads as zeros: allocation never exposes
-garbage). ``producer`` names the op that wrote it, so an asynchronous failure names it.
-
-Reading a view lowers to reshape/slice/transpose/broadcast over the storage buffer
-(a gather only when no such chain exists); writing through a view lowers to
-dynamic_update_slice, or scatter as the last resort, and produces the storage's new
-buffer. Every alias sees the write because aliases share the storage.
+A tensor is a view (sizes, strides, storage offset, dtype) of its storage. Reading a view lowers to
+reshape/slice/transpose/broadcast over the storage's value (a gather only when no such chain exists); writing
+through a view lowers to dynamic_update_slice, or scatter as the last resort, and gives the storage's new value.
+Every alias sees the write because aliases share the storage. A view of another dtype (x.view(torch.int32),
+torch.save's byte views, view_as_real) reads and writes the same bytes reinterpreted.
 """
 from __future__ import annotations
 
@@ -16,55 +12,57 @@ import math
 
 import torch
 
-from . import _C
+from . import dtypes as D
 from . import emit as E
-
-FREE, MOVE = 0, 1
-
-
-class StorageState:
-    __slots__ = ("buf", "producer")
-
-    def __init__(self, buf=None, producer=""):
-        self.buf = buf
-        self.producer = producer
+from .hlo import Value
 
 
-_states: dict[int, StorageState] = {}
+def covers_storage(t: torch.Tensor) -> bool:
+    """t is the whole of its storage, contiguous from offset 0 (a write replaces the storage's value)."""
+    return (t.storage_offset() == 0 and is_contiguous(t.shape, t.stride())
+            and t.numel() * t.element_size() == t.untyped_storage().nbytes())
 
 
-def token(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+def fit(base: Value, numel: int) -> Value:
+    """A storage value of another length than its storage (the storage was resized): its first numel elements,
+    zero-padded, flat."""
+    if base.numel == numel:
+        return base
+    flat = E.reshape(base, (base.numel,))
+    if base.numel > numel:
+        return E.slice_(flat, [0], [numel])
+    return E.pad(flat, E.const(base.fn, 0, base.dtype), [0], [numel - base.numel])
 
 
-def state(tok: int) -> StorageState | None:
-    return _states.get(tok)
-
-
-def set_buffer(tok: int, buf, producer: str) -> None:
-    st = _states.get(tok)
-    if st is None:
-        _states[tok] = StorageState(buf, producer)
-    else:
-        st.buf, st.producer = buf, producer
-
-
-def drain_events(resize_copy) -> None:
-    """Applies frees and resize moves recorded by the allocator, in order.
-
-    resize_copy(old_buf, new_nbytes) -> new buffer holding the old bytes as a prefix.
-    """
-    for kind, tok, new_tok, nbytes in _C._drain_storage_events():
-        if kind == FREE:
-            _states.pop(tok, None)
-        else:
-            st = _states.get(tok)
-            if st is not None and st.buf is not None:
-                _states[new_tok] = StorageState(resize_copy(st.buf, nbytes), st.producer)
-
-
-def live_buffers():
-    return [s.buf for s in _states.values() if s.buf is not None]
+def reinterpret(v: Value, dtype) -> Value:
+    """The storage bytes of `v` read as `dtype` (x.view(dtype), torch.save's byte views, view_as_real /
+    view_as_complex): a flat value."""
+    if v.dtype.is_complex:  # complex values are (real, imaginary) pairs of their component dtype in memory
+        flat = E.reshape(v, (v.numel,))
+        pairs = E.concatenate([E.reshape(E.real(flat), (v.numel, 1)), E.reshape(E.imag(flat), (v.numel, 1))], 1)
+        return reinterpret(E.reshape(pairs, (2 * v.numel,)), dtype)
+    if dtype.is_complex:
+        parts = reinterpret(v, D.component(dtype))
+        m = parts.numel // 2
+        pairs = E.reshape(E.slice_(parts, [0], [2 * m]), (m, 2))
+        return E.complex_(E.reshape(E.slice_dim(pairs, 1, 0, 1), (m,)), E.reshape(E.slice_dim(pairs, 1, 1, 2), (m,)))
+    if v.dtype == torch.bool:
+        v = E.convert(v, torch.uint8)  # i1 cannot be bitcast; bool bytes are 0/1
+    if dtype == torch.bool:
+        return E.convert(reinterpret(v, torch.uint8), torch.bool)
+    flat = E.reshape(v, (v.numel,))
+    src, dst = v.dtype.itemsize, dtype.itemsize
+    if src == dst:
+        return E.bitcast(flat, dtype)
+    fn = v.fn
+    if src > dst:  # narrower: bitcast_convert appends a dimension of src/dst
+        r = src // dst
+        out = fn.op("stablehlo.bitcast_convert", [flat], (flat.numel, r), dtype)
+        return E.reshape(out, (flat.numel * r,))
+    r = dst // src
+    n = flat.numel // r
+    grouped = E.reshape(E.slice_(flat, [0], [n * r]), (n, r))
+    return fn.op("stablehlo.bitcast_convert", [grouped], (n,), dtype)
 
 
 # -- view geometry ------------------------------------------------------------------------------

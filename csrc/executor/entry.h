@@ -1,0 +1,56 @@
+#pragma once
+// What the op table holds per argument signature: how to run the op without any Python (which fragment, where
+// each of its parameters comes from, which storages its results become, the outputs' metadata).
+#include <ATen/core/stack.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torchtpu {
+
+struct ArgPath {  // an argument of the op, or an element of a list argument
+  int32_t arg = 0;
+  int32_t elem = -1;
+};
+
+struct ScalarSource {
+  enum Kind : uint8_t { kArg = 0, kCpuTensor = 1, kRng = 2 };
+  Kind kind = kArg;
+  ArgPath path;            // kArg, kCpuTensor; kRng: the generator argument (arg -1: the device's default)
+  int64_t increment = 0;   // kRng: how far the op advances the generator's offset
+};
+
+struct OutputSpec {
+  enum Kind : uint8_t { kNew = 0, kArg = 1, kNone = 2 };
+  Kind kind = kNone;
+  ArgPath path;                  // kArg: the argument returned (in-place and out= ops)
+  std::vector<int64_t> sizes;    // kNew
+  std::vector<int64_t> strides;
+  at::ScalarType dtype = at::kFloat;
+};
+
+struct ResultTarget {  // a fragment result becomes the value of ...
+  int32_t storage = -1;  // ... the op's k-th distinct argument storage, or
+  int32_t output = -1;   // ... the storage of new output j, or
+  ArgPath arg{-1, -1};   // ... the storage of an out= argument resized by the entry
+};
+
+struct Entry {
+  enum Kind : uint8_t { kProgram = 0, kPython = 1 };
+  Kind kind = kProgram;
+  int32_t fragment = -1;                  // -1: nothing to compute (outputs are empty)
+  std::vector<int32_t> storage_params;    // per fragment storage parameter: the argument storage index
+  std::vector<ScalarSource> scalar_params;
+  std::vector<ResultTarget> results;
+  std::vector<OutputSpec> outputs;
+  enum Returns : uint8_t { kSingle = 0, kTuple = 1, kList = 2, kNothing = 3 };
+  Returns returns = kSingle;
+  std::vector<ArgPath> value_slots;       // Scalar arguments whose value the rule looked at (keyed by value)
+  // out= arguments that arrive empty and are resized to these sizes first (arange(n) -> arange.start_out)
+  std::vector<std::pair<ArgPath, std::vector<int64_t>>> resizes;
+  bool capture_line = false;              // the fragment has device-side checks: remember the Python line
+};
+
+}  // namespace torchtpu

@@ -1,0 +1,50 @@
+#pragma once
+// The per-op hot path and the three modes as policies of one path:
+//   strict  record the op's node, cut (launch) at once, return (asynchronous)
+//   debug   strict, then wait for the results and verify the op's checks at the op
+//   fused   record only; cut at host reads, syncs, fallbacks, a mode switch, the size cap and the
+//           repeated-structure rule
+// Every op with a lowering rule is one boxed C++ kernel: it builds the argument signature, looks it up, and on
+// a hit records the node without running any Python (strict and debug then make the one jaxlib call that
+// launches). On a miss the Python rules lower the signature once.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct _object;
+
+namespace torchtpu {
+
+enum class Mode : int { kStrict = 0, kDebug = 1, kFused = 2 };
+void set_mode(Mode m);
+Mode get_mode();
+
+void register_kernels(const std::vector<std::string>& op_names);
+
+// Records a fragment built by Python for real tensors (the Python kernels: copies, host reads of views).
+// storage_params: a tensor per fragment storage parameter (its storage's value is read); results: a tensor
+// per fragment result (its storage takes the value). Scalars are packed as given.
+void record_fragment(int32_t fragment, const std::vector<at::Tensor>& storage_params,
+                     const std::vector<double>& fscalars, const std::vector<int64_t>& iscalars,
+                     const std::vector<at::Tensor>& results, const std::string& line);
+
+// The device buffer holding t's storage, launching what is pending first (a host read). A new reference to
+// the jax Array, or nullptr when the storage was never written. Raises the producing op's failure.
+_object* storage_buffer(const at::Tensor& t, int cause);
+// Makes t's storage hold `array` (a jax Array on t's device, of the given type); steals the reference.
+void set_storage_buffer(const at::Tensor& t, _object* array, at::ScalarType dtype, const std::vector<int64_t>& shape);
+// (shape, dtype) of t's storage's value, or false when empty.
+bool storage_value_type(const at::Tensor& t, std::vector<int64_t>* shape, at::ScalarType* dtype);
+
+void synchronize(int64_t device, int cause);  // device < 0: every device
+
+struct ExecCounters {
+  int64_t ops = 0, hits = 0, misses = 0, python_kernels = 0, specializations = 0, entries = 0;
+};
+ExecCounters exec_counters();
+std::vector<std::pair<std::string, int64_t>> op_counts();  // ops dispatched to the C++ kernel, by name
+void reset_counters();
+
+}  // namespace torchtpu

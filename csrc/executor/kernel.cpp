@@ -1,0 +1,793 @@
+// The boxed kernel of every op with a lowering rule: signature -> table -> record (and launch).
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/op_registration.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/generator.h"
+#include "core/storage.h"
+#include "executor/entry.h"
+#include "executor/executor.h"
+#include "graph/fragment.h"
+#include "graph/graph.h"
+#include "runtime/runtime.h"
+
+namespace torchtpu {
+namespace {
+
+std::atomic<int> g_mode{static_cast<int>(Mode::kStrict)};
+constexpr c10::DispatchKeySet kTpuKeys{c10::DispatchKey::PrivateUse1};
+
+// -- per-op schema facts, computed once ------------------------------------------------------------------------
+enum class ArgKind : uint8_t { kTensor, kTensorList, kOptTensorList, kNumber, kNumberList, kOther };
+
+struct OpInfo {
+  std::string name;  // overload name as the rules know it, e.g. "add.Tensor"
+  std::vector<ArgKind> kinds;
+  std::vector<bool> written;  // the op writes the argument (in-place self, out=)
+  size_t nargs = 0;
+  std::atomic<int64_t> count{0};
+};
+
+std::mutex g_ops_mu;
+std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> g_ops;
+
+bool is_number_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::NumberType; }
+
+OpInfo* op_info_slow(const c10::FunctionSchema* schema);
+
+OpInfo* op_info(const c10::OperatorHandle& op) {
+  // the last few ops of this thread, without a lock (ops repeat: a chain, a layer)
+  thread_local std::pair<const c10::FunctionSchema*, OpInfo*> recent[8] = {};
+  thread_local unsigned next = 0;
+  const c10::FunctionSchema* schema = &op.schema();
+  for (const auto& r : recent) {
+    if (r.first == schema) return r.second;
+  }
+  OpInfo* info = op_info_slow(schema);
+  recent[next++ % 8] = {schema, info};
+  return info;
+}
+
+OpInfo* op_info_slow(const c10::FunctionSchema* schema) {
+  std::lock_guard<std::mutex> lk(g_ops_mu);
+  auto it = g_ops.find(schema);
+  if (it != g_ops.end()) return it->second.get();
+  auto info = std::make_unique<OpInfo>();
+  info->name = schema->name().substr(schema->name().find("::") + 2);
+  if (!schema->overload_name().empty()) info->name += "." + schema->overload_name();
+  info->nargs = schema->arguments().size();
+  for (const auto& a : schema->arguments()) {
+    c10::TypePtr t = a.type();
+    bool optional = false;
+    if (t->kind() == c10::TypeKind::OptionalType) {
+      t = t->expectRef<c10::OptionalType>().getElementType();
+      optional = true;
+    }
+    ArgKind k = ArgKind::kOther;
+    if (t->kind() == c10::TypeKind::TensorType) {
+      k = ArgKind::kTensor;
+    } else if (t->kind() == c10::TypeKind::ListType) {
+      auto el = t->expectRef<c10::ListType>().getElementType();
+      if (el->kind() == c10::TypeKind::TensorType) k = ArgKind::kTensorList;
+      if (el->kind() == c10::TypeKind::OptionalType &&
+          el->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::TensorType)
+        k = ArgKind::kOptTensorList;
+      if (is_number_type(el)) k = ArgKind::kNumberList;
+    } else if (is_number_type(t)) {
+      k = ArgKind::kNumber;
+    }
+    (void)optional;
+    info->kinds.push_back(k);
+    info->written.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+  }
+  OpInfo* raw = info.get();
+  g_ops.emplace(schema, std::move(info));
+  return raw;
+}
+
+}  // namespace
+namespace {
+
+// -- the argument signature ---------------------------------------------------------------------------------
+struct Sig {
+  std::string key;
+  std::vector<c10::StorageImpl*> storages;  // distinct argument storages, in order of first appearance
+  std::vector<ArgPath> runtime_slots;       // Scalar arguments passed as runtime values
+  c10::DeviceIndex device = -1;
+  bool python = false;                      // something the C++ path does not take: the Python kernel runs
+};
+
+template <typename T>
+void put(std::string& key, T v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+enum Tag : uint8_t {
+  kNone = 1, kBool, kInt, kDouble, kComplex, kString, kIntList, kDoubleList, kBoolList, kDevice, kGenerator,
+  kTensorTag, kUndefined, kCpuScalar, kRuntime, kList, kStorageTag
+};
+
+// A Scalar value: 0, 1, -1 and non-finite values are part of the key (rules fold them into constants); any
+// other value is a runtime parameter, keyed by its type only.
+void put_number(Sig& s, const c10::IValue& v, ArgPath path) {
+  double d;
+  if (v.isDouble()) {
+    d = v.toDouble();
+  } else if (v.isInt()) {
+    d = static_cast<double>(v.toInt());
+  } else if (v.isBool()) {
+    put<uint8_t>(s.key, kBool);
+    put<uint8_t>(s.key, v.toBool());
+    return;
+  } else if (v.isComplexDouble()) {
+    auto c = v.toComplexDouble();
+    if (c.imag() == 0 && (c.real() == 0 || c.real() == 1 || c.real() == -1)) {
+      put<uint8_t>(s.key, kComplex);
+      put<double>(s.key, c.real());
+      return;
+    }
+    put<uint8_t>(s.key, kRuntime);
+    put<uint8_t>(s.key, kComplex);
+    s.runtime_slots.push_back(path);
+    return;
+  } else if (v.isNone()) {
+    put<uint8_t>(s.key, kNone);
+    return;
+  } else {
+    s.python = true;
+    return;
+  }
+  if (d == 0 || d == 1 || d == -1 || !std::isfinite(d)) {
+    put<uint8_t>(s.key, v.isDouble() ? kDouble : kInt);
+    put<double>(s.key, d);
+    return;
+  }
+  put<uint8_t>(s.key, kRuntime);
+  put<uint8_t>(s.key, v.isDouble() ? kDouble : kInt);
+  s.runtime_slots.push_back(path);
+}
+
+void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path = {-1, -1}) {
+  if (!t.defined()) {
+    put<uint8_t>(s.key, kUndefined);
+    return;
+  }
+  const auto dev = t.device();
+  if (dev.is_cpu()) {
+    // a 0-d CPU tensor read by the op is a scalar (as on cuda): its value is a runtime parameter
+    if (t.dim() != 0 || written) {
+      s.python = true;
+      return;
+    }
+    put<uint8_t>(s.key, kCpuScalar);
+    put<int8_t>(s.key, static_cast<int8_t>(t.scalar_type()));
+    put<uint8_t>(s.key, t.unsafeGetTensorImpl()->is_wrapped_number());
+    // Python sees a wrapped number (x * 2.5) as a plain number: tell it that the value is a runtime one, unless
+    // it is 0, 1, -1 or not finite, which the key holds (as for Scalar arguments)
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      if (t.is_complex()) {
+        s.runtime_slots.push_back(path);
+        return;
+      }
+      const double d = t.item<double>();
+      if (d == 0 || d == 1 || d == -1 || !std::isfinite(d)) {
+        put<double>(s.key, d);
+      } else {
+        s.runtime_slots.push_back(path);
+      }
+    }
+    return;
+  }
+  if (!dev.is_privateuseone()) {
+    s.python = true;
+    return;
+  }
+  if (s.device < 0) {
+    s.device = dev.index();
+  } else if (s.device != dev.index()) {
+    s.python = true;  // two tpu devices: the Python kernel raises cuda's error
+    return;
+  }
+  put<uint8_t>(s.key, kTensorTag);
+  put<int8_t>(s.key, static_cast<int8_t>(t.scalar_type()));
+  put<uint8_t>(s.key, static_cast<uint8_t>(t.is_conj() | (t.is_neg() << 1)));
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  put<int32_t>(s.key, static_cast<int32_t>(sizes.size()));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    put<int64_t>(s.key, sizes[i]);
+    put<int64_t>(s.key, strides[i]);
+  }
+  put<int64_t>(s.key, t.storage_offset());
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  int32_t k = -1;
+  for (size_t i = 0; i < s.storages.size(); ++i) {
+    if (s.storages[i] == st) {
+      k = static_cast<int32_t>(i);
+      break;
+    }
+  }
+  if (k < 0) {
+    k = static_cast<int32_t>(s.storages.size());
+    s.storages.push_back(st);
+  }
+  put<int32_t>(s.key, k);
+}
+
+void put_other(Sig& s, const c10::IValue& v) {
+  if (v.isNone()) {
+    put<uint8_t>(s.key, kNone);
+  } else if (v.isBool()) {
+    put<uint8_t>(s.key, kBool);
+    put<uint8_t>(s.key, v.toBool());
+  } else if (v.isInt()) {
+    put<uint8_t>(s.key, kInt);
+    put<int64_t>(s.key, v.toInt());
+  } else if (v.isDouble()) {
+    put<uint8_t>(s.key, kDouble);
+    put<double>(s.key, v.toDouble());
+  } else if (v.isString()) {
+    put<uint8_t>(s.key, kString);
+    const auto& str = v.toStringRef();
+    put<uint32_t>(s.key, static_cast<uint32_t>(str.size()));
+    s.key += str;
+  } else if (v.isIntList()) {
+    put<uint8_t>(s.key, kIntList);
+    const auto l = v.toIntList();
+    put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
+    for (int64_t x : l) put<int64_t>(s.key, x);
+  } else if (v.isDoubleList()) {
+    put<uint8_t>(s.key, kDoubleList);
+    const auto l = v.toDoubleList();
+    put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
+    for (double x : l) put<double>(s.key, x);
+  } else if (v.isBoolList()) {
+    put<uint8_t>(s.key, kBoolList);
+    const auto l = v.toBoolList();
+    put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
+    for (bool x : l) put<uint8_t>(s.key, x);
+  } else if (v.isDevice()) {
+    put<uint8_t>(s.key, kDevice);
+    put<int8_t>(s.key, static_cast<int8_t>(v.toDevice().type()));
+    put<int8_t>(s.key, v.toDevice().index());
+  } else if (v.isGenerator()) {
+    put<uint8_t>(s.key, kGenerator);
+  } else if (v.isTensor()) {
+    put_tensor(s, v.toTensor());
+  } else {
+    s.python = true;
+  }
+}
+
+void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
+  s.key.clear();
+  s.storages.clear();
+  s.runtime_slots.clear();
+  s.device = -1;
+  s.python = false;
+  put<const void*>(s.key, &info);
+  const size_t base = stack.size() - info.nargs;
+  c10::DeviceIndex device_arg = -1;
+  for (size_t i = 0; i < info.nargs; ++i) {
+    const c10::IValue& v = stack[base + i];
+    const ArgPath path{static_cast<int32_t>(i), -1};
+    switch (info.kinds[i]) {
+      case ArgKind::kTensor:
+        if (v.isNone()) {
+          put<uint8_t>(s.key, kNone);
+        } else {
+          put_tensor(s, v.toTensor(), info.written[i], path);
+        }
+        break;
+      case ArgKind::kTensorList: {
+        if (v.isNone()) {
+          put<uint8_t>(s.key, kNone);
+          break;
+        }
+        put<uint8_t>(s.key, kList);
+        const auto l = v.toTensorList();
+        put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
+        for (size_t j = 0; j < l.size(); ++j) put_tensor(s, l.get(j), info.written[i]);
+        break;
+      }
+      case ArgKind::kOptTensorList: {
+        put<uint8_t>(s.key, kList);
+        const auto l = v.toListRef();
+        put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
+        for (const auto& e : l) {
+          if (e.isNone()) {
+            put<uint8_t>(s.key, kNone);
+          } else {
+            put_tensor(s, e.toTensor());
+          }
+        }
+        break;
+      }
+      case ArgKind::kNumber:
+        put_number(s, v, path);
+        break;
+      case ArgKind::kNumberList: {
+        if (v.isNone()) {
+          put<uint8_t>(s.key, kNone);
+          break;
+        }
+        put<uint8_t>(s.key, kList);
+        const auto l = v.toListRef();
+        put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
+        for (size_t j = 0; j < l.size(); ++j) put_number(s, l[j], {static_cast<int32_t>(i), static_cast<int32_t>(j)});
+        break;
+      }
+      default:
+        if (v.isDevice() && v.toDevice().is_privateuseone()) {
+          device_arg = v.toDevice().has_index() ? v.toDevice().index() : current_device();
+        }
+        put_other(s, v);
+    }
+    if (s.python) return;
+  }
+  if (s.device < 0) s.device = device_arg >= 0 ? device_arg : current_device();
+  put<int8_t>(s.key, s.device);
+  // Each distinct storage: its size and the type of the value it holds.
+  for (auto* st : s.storages) {
+    put<uint8_t>(s.key, kStorageTag);
+    put<uint64_t>(s.key, st->nbytes());
+    StorageHandle* h = handle_of(st);
+    ValueType vt;
+    if (h != nullptr && value_type(h, &vt)) {
+      put<int8_t>(s.key, static_cast<int8_t>(vt.dtype));
+      put<uint8_t>(s.key, static_cast<uint8_t>(vt.shape.size()));
+      for (auto d : vt.shape) put<int64_t>(s.key, d);
+    } else {
+      put<int8_t>(s.key, -1);
+      if (h != nullptr && h->state == StorageHandle::State::kFailed) {
+        TORCH_CHECK(false, *h->error);
+      }
+    }
+  }
+}
+
+// -- the op table --------------------------------------------------------------------------------------------
+struct TableSlot {
+  Entry generic;                                  // used when value_slots is empty
+  std::unordered_map<std::string, Entry> by_value;
+};
+std::unordered_map<std::string, TableSlot> g_table;
+std::atomic<int64_t> g_ops_total{0}, g_hits{0}, g_misses{0}, g_python{0}, g_specializations{0};
+
+const c10::IValue& arg_at(const torch::jit::Stack& stack, size_t base, ArgPath p) {
+  const c10::IValue& v = stack[base + p.arg];
+  if (p.elem < 0) return v;
+  return v.toListRef()[p.elem];
+}
+
+std::string value_key(const std::vector<ArgPath>& slots, const torch::jit::Stack& stack, size_t base) {
+  std::string k;
+  for (const auto& p : slots) {
+    const auto& v = arg_at(stack, base, p);
+    if (v.isDouble()) {
+      put<double>(k, v.toDouble());
+    } else if (v.isInt()) {
+      put<int64_t>(k, v.toInt());
+    } else if (v.isComplexDouble()) {
+      put<double>(k, v.toComplexDouble().real());
+      put<double>(k, v.toComplexDouble().imag());
+    } else if (v.isBool()) {
+      put<uint8_t>(k, v.toBool());
+    } else if (v.isTensor()) {  // a 0-d CPU tensor
+      put<double>(k, v.toTensor().item<double>());
+    }
+  }
+  return k;
+}
+
+Entry lower(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& stack, const Sig& sig) {
+  runtime::LowerRequest req;
+  req.op = &op;
+  req.stack = &stack;
+  req.nargs = info.nargs;
+  req.device = sig.device;
+  req.runtime_slots = sig.runtime_slots;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    for (auto* st : sig.storages) {
+      req.storage_tokens.push_back(reinterpret_cast<uint64_t>(st->data_ptr().get()));
+      StorageHandle* h = handle_of(st);
+      ValueType vt;
+      const bool has = h != nullptr && value_type(h, &vt);
+      req.storage_types.push_back(vt);
+      req.storage_has_value.push_back(has);
+    }
+  }
+  g_misses += 1;
+  return runtime::lower_op(req);
+}
+
+// -- running an entry ---------------------------------------------------------------------------------------
+void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const torch::jit::Stack& stack, size_t base,
+                 c10::DeviceIndex device, Node& node) {
+  const ScalarKind kind = f.scalars[s].kind;
+  if (src.kind == ScalarSource::kRng) {
+    c10::optional<at::Generator> gen;
+    if (src.path.arg >= 0) {
+      const auto& v = stack[base + src.path.arg];
+      if (!v.isNone()) gen = v.toGenerator();
+    }
+    const at::Generator& g = gen.has_value() ? *gen : default_generator(device);
+    auto so = g.get<TpuGeneratorImpl>()->philox_advance(static_cast<uint64_t>(src.increment));
+    node.iscalars.push_back(static_cast<int64_t>(so.first));
+    node.iscalars.push_back(static_cast<int64_t>(so.second));
+    return;
+  }
+  c10::Scalar value;
+  const c10::IValue& v = arg_at(stack, base, src.path);
+  if (src.kind == ScalarSource::kCpuTensor || v.isTensor()) {
+    value = v.toTensor().item();
+  } else {
+    value = v.toScalar();
+  }
+  switch (kind) {
+    case ScalarKind::kFloat: node.fscalars.push_back(value.toDouble()); break;
+    case ScalarKind::kComplex: {
+      auto c = value.toComplexDouble();
+      node.fscalars.push_back(c.real());
+      node.fscalars.push_back(c.imag());
+      break;
+    }
+    case ScalarKind::kInt:
+      // uint64 values travel as their bits (the program bitcasts them back)
+      node.iscalars.push_back(value.type() == c10::ScalarType::UInt64 ? static_cast<int64_t>(value.toUInt64())
+                                                                       : value.toLong());
+      break;
+    case ScalarKind::kBool: node.iscalars.push_back(value.toBool() ? 1 : 0); break;
+    default: TORCH_INTERNAL_ASSERT(false, "tpu: a random-number state bound to an argument");
+  }
+}
+
+at::Tensor new_output(const OutputSpec& o, c10::DeviceIndex device) {
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  return at::detail::empty_strided_generic(o.sizes, o.strides, tpu_allocator(), kTpuKeys, o.dtype);
+}
+
+// Records the entry's node; the caller holds exec_mutex() (and must cut afterwards when this returns true).
+bool record_entry(const Entry& e, const Sig& sig, torch::jit::Stack* stack, size_t base,
+                  c10::SmallVector<at::Tensor, 2>& outs, const std::string& line) {
+  const c10::DeviceIndex device = sig.device;
+  for (const auto& rs : e.resizes) arg_at(*stack, base, rs.first).toTensor().resize_(rs.second);
+  outs.resize(e.outputs.size());
+  for (size_t j = 0; j < e.outputs.size(); ++j) {
+    if (e.outputs[j].kind == OutputSpec::kNew) outs[j] = new_output(e.outputs[j], device);
+  }
+  bool want_cut = false;
+  if (e.fragment >= 0) {
+    const Fragment& f = fragment(e.fragment);
+    auto node = c10::make_intrusive<Node>();
+    node->fragment = e.fragment;
+    node->frag = &f;
+    node->device = device;
+    node->live.assign(f.results.size(), 0);
+    for (size_t s = 0; s < e.scalar_params.size(); ++s) {
+      pack_scalar(f, s, e.scalar_params[s], *stack, base, device, *node);
+    }
+    node->line = line;
+    for (int32_t k : e.storage_params) {
+      StorageHandle* h = handle_of(sig.storages[k]);
+      h->resolve();
+      ValueRef ref;
+      if (h->state == StorageHandle::State::kBuffer) {
+        ref.leaf = h->buffer;
+      } else if (h->state == StorageHandle::State::kPending) {
+        ref.node = h->node;
+        ref.index = h->index;
+      } else {
+        TORCH_CHECK(h->state != StorageHandle::State::kFailed, *h->error);
+        TORCH_INTERNAL_ASSERT(false, "tpu: ", f.label, " reads a storage that holds no value");
+      }
+      node->inputs.push_back(std::move(ref));
+    }
+    for (size_t r = 0; r < e.results.size(); ++r) {
+      const auto& t = e.results[r];
+      StorageHandle* h = t.storage >= 0  ? handle_of(sig.storages[t.storage])
+                         : t.output >= 0 ? handle_of(outs[t.output].storage())
+                                         : handle_of(arg_at(*stack, base, t.arg).toTensor().storage());
+      if (h != nullptr) h->set_pending(node, static_cast<int32_t>(r));
+    }
+    want_cut = record(node, get_mode() == Mode::kFused);
+  }
+  return want_cut;
+}
+
+void push_results(const Entry& e, const OpInfo& info, torch::jit::Stack* stack, size_t base,
+                  c10::SmallVector<at::Tensor, 2>& outs) {
+  c10::SmallVector<c10::IValue, 2> rets;
+  for (size_t j = 0; j < e.outputs.size(); ++j) {
+    const auto& o = e.outputs[j];
+    if (o.kind == OutputSpec::kNew) {
+      rets.emplace_back(outs[j]);
+    } else if (o.kind == OutputSpec::kArg) {
+      rets.push_back(arg_at(*stack, base, o.path));
+    } else {
+      rets.emplace_back(at::Tensor());
+    }
+  }
+  torch::jit::drop(*stack, info.nargs);
+  switch (e.returns) {
+    case Entry::kSingle:
+      stack->push_back(std::move(rets.at(0)));
+      break;
+    case Entry::kTuple:
+      for (auto& r : rets) stack->push_back(std::move(r));
+      break;
+    case Entry::kList: {
+      c10::List<at::Tensor> l;
+      for (auto& r : rets) l.push_back(r.toTensor());
+      stack->emplace_back(std::move(l));
+      break;
+    }
+    case Entry::kNothing:
+      break;
+  }
+}
+
+// One op: signature -> table -> record -> (strict, debug) launch. The hit path takes exec_mutex once.
+void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  OpInfo* info = op_info(op);
+  info->count += 1;
+  g_ops_total += 1;
+  thread_local Sig sig;  // reused: its buffers keep their capacity
+  const size_t base = stack->size() - info->nargs;
+  const Mode mode = get_mode();
+  const Entry* entry = nullptr;
+  c10::SmallVector<at::Tensor, 2> outs;
+  {
+    std::unique_lock<std::recursive_mutex> lk(exec_mutex());
+    build_sig(*info, *stack, sig);
+    if (sig.python) {
+      lk.unlock();
+      g_python += 1;
+      runtime::run_python_kernel(op, stack);
+      return;
+    }
+    auto it = g_table.find(sig.key);
+    if (it != g_table.end()) {
+      TableSlot& slot = it->second;
+      if (slot.generic.value_slots.empty()) {
+        entry = &slot.generic;
+      } else {
+        auto vk = value_key(slot.generic.value_slots, *stack, base);
+        auto vit = slot.by_value.find(vk);
+        if (vit != slot.by_value.end()) entry = &vit->second;
+      }
+    }
+    if (entry != nullptr && entry->kind == Entry::kProgram && !entry->capture_line && mode != Mode::kDebug) {
+      // the hot path: record without leaving the lock, then launch (strict) or return (fused)
+      g_hits += 1;
+      const bool want_cut = record_entry(*entry, sig, stack, base, outs, std::string());
+      const c10::DeviceIndex device = sig.device;
+      lk.unlock();
+      if (entry->fragment >= 0) {
+        if (mode != Mode::kFused) {
+          cut(device, CutCause::kOp);
+        } else if (want_cut) {
+          cut(device, CutCause::kRepeat);
+        }
+      }
+      push_results(*entry, *info, stack, base, outs);
+      return;
+    }
+  }
+  if (entry == nullptr) {
+    const std::string key = sig.key;  // Python may run tpu ops (and reuse this thread's Sig) while lowering
+    Entry e = lower(op, *info, *stack, sig);
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    TableSlot& slot = g_table[key];
+    if (e.value_slots.empty()) {
+      slot.generic = std::move(e);
+      entry = &slot.generic;
+    } else {
+      g_specializations += 1;
+      slot.generic.value_slots = e.value_slots;
+      auto vk = value_key(e.value_slots, *stack, base);
+      entry = &(slot.by_value[vk] = std::move(e));
+    }
+  } else {
+    g_hits += 1;
+  }
+  if (entry->kind == Entry::kPython) {
+    g_python += 1;
+    runtime::run_python_kernel(op, stack);
+    return;
+  }
+  // a fresh entry, a checked op (its Python line is captured) or debug mode
+  const std::string line = entry->capture_line || mode == Mode::kDebug ? runtime::user_line() : std::string();
+  bool want_cut;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    build_sig(*info, *stack, sig);  // the storages' values may have moved on while Python ran
+    want_cut = record_entry(*entry, sig, stack, base, outs, line);
+  }
+  const c10::DeviceIndex device = sig.device;
+  if (entry->fragment >= 0) {
+    if (mode != Mode::kFused) {
+      cut(device, CutCause::kOp, mode == Mode::kDebug);
+    } else if (want_cut) {
+      cut(device, CutCause::kRepeat);
+    }
+  }
+  push_results(*entry, *info, stack, base, outs);
+}
+
+std::unique_ptr<torch::Library> g_lib;
+
+}  // namespace
+
+void set_mode(Mode m) { g_mode = static_cast<int>(m); }
+Mode get_mode() { return static_cast<Mode>(g_mode.load()); }
+
+void register_kernels(const std::vector<std::string>& names) {
+  if (!g_lib) {
+    g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                             __FILE__, __LINE__);
+  }
+  for (const auto& n : names) {
+    g_lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
+  }
+}
+
+void record_fragment(int32_t fid, const std::vector<at::Tensor>& storage_params, const std::vector<double>& fs,
+                     const std::vector<int64_t>& is, const std::vector<at::Tensor>& results,
+                     const std::string& line) {
+  const Fragment& f = fragment(fid);
+  TORCH_CHECK(storage_params.size() == f.params.size() && results.size() == f.results.size(),
+              "tpu: record_fragment: ", f.label, " takes ", f.params.size(), " storages and gives ",
+              f.results.size(), " results");
+  c10::DeviceIndex device = current_device();
+  for (const auto& t : storage_params) device = t.device().index();
+  for (const auto& t : results) {
+    if (t.defined()) device = t.device().index();
+  }
+  auto node = c10::make_intrusive<Node>();
+  node->fragment = fid;
+  node->frag = &f;
+  node->device = device;
+  node->live.assign(f.results.size(), 0);
+  node->fscalars.assign(fs.begin(), fs.end());
+  node->iscalars.assign(is.begin(), is.end());
+  node->line = line;
+  bool want_cut;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    for (const auto& t : storage_params) {
+      StorageHandle* h = handle_of(t.storage());
+      TORCH_INTERNAL_ASSERT(h != nullptr, "tpu: a fragment reads a zero-byte storage");
+      h->resolve();
+      ValueRef ref;
+      if (h->state == StorageHandle::State::kBuffer) {
+        ref.leaf = h->buffer;
+      } else if (h->state == StorageHandle::State::kPending) {
+        ref.node = h->node;
+        ref.index = h->index;
+      } else {
+        TORCH_CHECK(h->state != StorageHandle::State::kFailed, *h->error);
+        TORCH_INTERNAL_ASSERT(false, "tpu: ", f.label, " reads a storage that holds no value");
+      }
+      node->inputs.push_back(std::move(ref));
+    }
+    for (size_t r = 0; r < results.size(); ++r) {
+      if (!results[r].defined()) continue;
+      StorageHandle* h = handle_of(results[r].storage());
+      if (h != nullptr) h->set_pending(node, static_cast<int32_t>(r));
+    }
+    want_cut = record(node, get_mode() == Mode::kFused);
+  }
+  const Mode mode = get_mode();
+  if (mode != Mode::kFused) {
+    cut(device, CutCause::kOp, mode == Mode::kDebug);
+  } else if (want_cut) {
+    cut(device, CutCause::kRepeat);
+  }
+}
+
+_object* storage_buffer(const at::Tensor& t, int cause) {
+  StorageHandle* h = handle_of(t.storage());
+  if (h == nullptr) return nullptr;
+  bool pending;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    h->resolve();
+    pending = h->state == StorageHandle::State::kPending;
+  }
+  if (pending) cut(h->device, static_cast<CutCause>(cause));
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  h->resolve();
+  switch (h->state) {
+    case StorageHandle::State::kBuffer:
+      runtime::incref(h->buffer->array);
+      return h->buffer->array;
+    case StorageHandle::State::kFailed:
+      TORCH_CHECK(false, *h->error);
+    case StorageHandle::State::kPending:
+      TORCH_INTERNAL_ASSERT(false, "tpu: a storage is still pending after its device's graph was launched");
+    default:
+      return nullptr;
+  }
+}
+
+void set_storage_buffer(const at::Tensor& t, _object* array, at::ScalarType dtype, const std::vector<int64_t>& shape) {
+  StorageHandle* h = handle_of(t.storage());
+  TORCH_INTERNAL_ASSERT(h != nullptr, "tpu: set_storage_buffer on a zero-byte storage");
+  ValueType vt;
+  vt.dtype = dtype;
+  vt.shape.assign(shape.begin(), shape.end());
+  auto b = c10::make_intrusive<DeviceBuffer>(array, std::move(vt), h->device);
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  h->set_buffer(std::move(b));
+}
+
+bool storage_value_type(const at::Tensor& t, std::vector<int64_t>* shape, at::ScalarType* dtype) {
+  StorageHandle* h = handle_of(t.storage());
+  if (h == nullptr) return false;
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  ValueType vt;
+  if (!value_type(h, &vt)) {
+    TORCH_CHECK(h->state != StorageHandle::State::kFailed, *h->error);
+    return false;
+  }
+  shape->assign(vt.shape.begin(), vt.shape.end());
+  *dtype = vt.dtype;
+  return true;
+}
+
+void synchronize(int64_t device, int cause) {
+  const auto c = static_cast<CutCause>(cause);
+  if (device < 0) {
+    cut_all(c);
+    for (int d = 0; d < device_count(); ++d) wait_device(static_cast<c10::DeviceIndex>(d));
+  } else {
+    cut(static_cast<c10::DeviceIndex>(device), c);
+    wait_device(static_cast<c10::DeviceIndex>(device));
+  }
+}
+
+ExecCounters exec_counters() {
+  ExecCounters c;
+  c.ops = g_ops_total;
+  c.hits = g_hits;
+  c.misses = g_misses;
+  c.python_kernels = g_python;
+  c.specializations = g_specializations;
+  c.entries = static_cast<int64_t>(g_table.size());
+  return c;
+}
+
+std::vector<std::pair<std::string, int64_t>> op_counts() {
+  std::vector<std::pair<std::string, int64_t>> out;
+  std::lock_guard<std::mutex> lk(g_ops_mu);
+  for (const auto& kv : g_ops) {
+    if (kv.second->count > 0) out.emplace_back(kv.second->name, kv.second->count.load());
+  }
+  return out;
+}
+
+void reset_counters() {
+  g_ops_total = g_hits = g_misses = g_python = g_specializations = 0;
+  std::lock_guard<std::mutex> lk(g_ops_mu);
+  for (auto& kv : g_ops) kv.second->count = 0;
+  auto& gc = graph_counters();
+  gc.chunks = gc.chunk_ops = gc.chunk_ops_max = gc.chunk_cache_hits = gc.chunk_cache_misses = 0;
+  gc.chunk_cache_evictions = 0;
+  gc.donated_buffers = gc.donated_bytes = gc.failed_chunks = gc.dead_ops = 0;
+  for (auto& c : gc.cuts) c = 0;
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,681 @@
+#include "graph/graph.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "graph/fragment.h"
+#include "runtime/runtime.h"
+
+namespace torchtpu {
+namespace {
+
+// -- the repeated-structure rule ---------------------------------------------------------------------------
+// Each node gets a structural hash (its fragment, and for each input whether it is a leaf or how many nodes
+// back its producer was recorded). A period p is found when the node hash repeats p nodes back and the last p
+// hashes equal the p before them (rolling prefix hashes make that O(1)). Once the pending graph is at least
+// repeat_min_ops long, the cut falls at the start of the last period, so that the layers of a model and the
+// steps of a loop are cut alike and one executable serves every repeat.
+constexpr uint64_t kBase = 0x100000001b3ULL;
+
+struct RepeatWindow {
+  static constexpr size_t kSlots = 4096;  // direct-mapped: a collision only forgets a candidate period
+  std::vector<uint64_t> hashes;
+  std::vector<uint64_t> prefix{0};   // prefix[i] = hash of hashes[0..i)
+  std::vector<uint64_t> powers{1};
+  std::vector<std::pair<uint64_t, int64_t>> last = std::vector<std::pair<uint64_t, int64_t>>(kSlots, {0, -1});
+  int64_t period = 0;  // the longest period seen since the last cut, and where its repeats start (mod period)
+  int64_t phase = 0;
+
+  void clear() {
+    hashes.clear();
+    prefix.assign(1, 0);
+    std::fill(last.begin(), last.end(), std::make_pair<uint64_t, int64_t>(0, -1));
+    period = phase = 0;
+  }
+  uint64_t segment(int64_t lo, int64_t hi) {  // hash of hashes[lo..hi)
+    while (static_cast<int64_t>(powers.size()) <= hi - lo) powers.push_back(powers.back() * kBase);
+    return prefix[hi] - prefix[lo] * powers[hi - lo];
+  }
+  // Appends a node hash; returns the period that just repeated (0 if none).
+  int64_t push(uint64_t h, int64_t min_period) {
+    const int64_t i = static_cast<int64_t>(hashes.size());
+    hashes.push_back(h);
+    prefix.push_back(prefix.back() * kBase + h);
+    int64_t period = 0;
+    auto& slot = last[h % kSlots];
+    if (slot.second >= 0 && slot.first == h) {
+      const int64_t p = i - slot.second;
+      if (p >= min_period && i + 1 >= 2 * p && segment(i + 1 - p, i + 1) == segment(i + 1 - 2 * p, i + 1 - p)) {
+        period = p;
+      }
+    }
+    slot = {h, i};
+    if (period > this->period) {  // the longest repeat: a training step over the layers inside it
+      this->period = period;
+      this->phase = (i + 1) % period;
+    }
+    return period;
+  }
+  // i + 1 nodes recorded: is that the end of a period?
+  bool at_boundary(int64_t n) const { return period > 0 && (n - phase) % period == 0; }
+};
+
+struct DeviceGraph {
+  std::vector<NodePtr> nodes;  // pending, in record order
+  int64_t next_seq = 0;        // seq of the next recorded node (nodes[i]->seq == base + i)
+  int64_t base = 0;
+  RepeatWindow repeat;
+  int64_t repeat_cut = 0;      // > 0: the repeated-structure rule asks to cut before this many nodes
+};
+
+DeviceGraph g_graphs[kMaxDevices];
+std::recursive_mutex g_cut_mu;
+GraphCounters g_counters;
+int64_t g_max_ops = 4096;
+int64_t g_repeat_min_ops = 256;
+constexpr int64_t kMinPeriod = 8;
+
+// Chunk key -> launcher, least recently used first out: a launcher holds its executable's code pages and
+// memory mappings, which a long run over many shapes would otherwise exhaust (XLA:CPU crashes then).
+struct ChunkCache {
+  size_t capacity = 1024;
+  std::list<std::pair<std::string, _object*>> lru;  // front: most recent
+  std::unordered_map<std::string, std::list<std::pair<std::string, _object*>>::iterator> index;
+
+  _object* find(const std::string& key) {
+    auto it = index.find(key);
+    if (it == index.end()) return nullptr;
+    lru.splice(lru.begin(), lru, it->second);
+    return it->second->second;
+  }
+  void insert(const std::string& key, _object* launcher) {
+    lru.emplace_front(key, launcher);
+    index[key] = lru.begin();
+    while (lru.size() > capacity) {
+      queue_release(lru.back().second);  // dropped with the GIL at the next launch
+      index.erase(lru.back().first);
+      lru.pop_back();
+      g_counters.chunk_cache_evictions += 1;
+    }
+  }
+};
+ChunkCache g_chunk_cache;
+
+// The structural hash of a node: its fragment, and per input what produced it (a leaf, or the fragment and
+// result index of the producing node). Not where: a value made once (an input batch) and read every step sits
+// ever farther back, and not the producer's own hash: a parameter updated every step would chain every step's
+// hash to the one before. Two wirings of the same producers hash alike; that only moves a cut, never changes
+// what a chunk computes (its key is exact).
+uint64_t node_hash(const Node& n) {
+  uint64_t h = std::hash<int64_t>()(n.fragment) * 0x9E3779B97F4A7C15ULL;
+  for (const auto& in : n.inputs) {
+    const int64_t tag = in.node ? (static_cast<int64_t>(in.node->fragment) << 8) + in.index + 1 : 0;
+    h = (h ^ static_cast<uint64_t>(tag)) * kBase + 0x27d4eb2d;
+  }
+  return h;
+}
+
+// -- building a chunk -------------------------------------------------------------------------------------
+struct Chunk {
+  c10::DeviceIndex device = 0;
+  std::vector<NodePtr> nodes;
+  std::vector<BufferPtr> leaves;
+  std::vector<bool> donated;
+  // per node, per input: (leaf index, -1) or (-1, local node index) and the result index
+  std::vector<c10::SmallVector<std::array<int32_t, 3>, 4>> wiring;
+  std::vector<std::pair<int32_t, int32_t>> outputs;  // (local node, result)
+  std::string key;
+  std::string failure;  // an input's producer failed: the chunk is not launched
+};
+
+void append_int(std::string& key, int64_t v) {
+  if (v >= -64 && v < 64) {  // most values are small: one byte
+    key.push_back(static_cast<char>(v + 64));
+    return;
+  }
+  key.push_back(static_cast<char>(-128));
+  key.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// Detaches the first `count` pending nodes of the device into a chunk. Caller holds exec_mutex().
+Chunk detach(c10::DeviceIndex device, size_t count) {
+  DeviceGraph& g = g_graphs[device];
+  Chunk c;
+  c.device = device;
+  const int64_t first = g.base;
+  const int64_t end = g.base + static_cast<int64_t>(count);
+  if (count == g.nodes.size()) {
+    c.nodes.swap(g.nodes);
+  } else {
+    c.nodes.assign(g.nodes.begin(), g.nodes.begin() + count);
+    g.nodes.erase(g.nodes.begin(), g.nodes.begin() + count);
+  }
+  g.base = end;
+  // a node of this chunk: pending, recorded between first and end
+  auto local_index = [&](const Node* n) -> int32_t {
+    return n->state == Node::State::kPending && n->device == device && n->seq >= first && n->seq < end
+               ? static_cast<int32_t>(n->seq - first)
+               : -1;
+  };
+  std::unordered_map<const DeviceBuffer*, int32_t> leaf_index;
+  std::vector<int64_t> leaf_refs;
+  c.wiring.resize(c.nodes.size());
+  c.key.reserve(16 + 8 * c.nodes.size());
+  for (size_t j = 0; j < c.nodes.size(); ++j) {
+    Node& n = *c.nodes[j];
+    for (auto& in : n.inputs) {
+      if (in.node) {
+        const int32_t src = local_index(in.node.get());
+        if (src >= 0) {
+          c.wiring[j].push_back({-1, src, in.index});
+          continue;
+        }
+        // a node launched by an earlier chunk: its result is a leaf now
+        if (in.node->state == Node::State::kFailed) {
+          if (c.failure.empty()) c.failure = *in.node->error;
+          c.wiring[j].push_back({0, -1, 0});
+          continue;
+        }
+        TORCH_INTERNAL_ASSERT(in.node->state == Node::State::kLaunched, "tpu: a node reads a value of a node "
+                              "that is neither in its chunk nor launched");
+        in.leaf = in.node->results[in.index];
+        TORCH_INTERNAL_ASSERT(in.leaf, "tpu: a node reads a result its chunk did not keep");
+        in.node.reset();
+      }
+      int32_t li = -1;
+      if (c.leaves.size() <= 16) {  // few leaves (strict mode): a scan beats a hash map
+        for (size_t k = 0; k < c.leaves.size(); ++k) {
+          if (c.leaves[k].get() == in.leaf.get()) {
+            li = static_cast<int32_t>(k);
+            break;
+          }
+        }
+      } else {
+        if (leaf_index.empty()) {
+          for (size_t k = 0; k < c.leaves.size(); ++k) leaf_index.emplace(c.leaves[k].get(), static_cast<int32_t>(k));
+        }
+        auto it = leaf_index.find(in.leaf.get());
+        if (it != leaf_index.end()) li = it->second;
+      }
+      if (li < 0) {
+        li = static_cast<int32_t>(c.leaves.size());
+        if (!leaf_index.empty()) leaf_index.emplace(in.leaf.get(), li);
+        c.leaves.push_back(in.leaf);
+        leaf_refs.push_back(0);
+      }
+      leaf_refs[li] += 1;
+      c.wiring[j].push_back({li, -1, 0});
+    }
+  }
+  // Values the remaining pending nodes read are outputs too.
+  std::vector<std::vector<bool>> from_rest(g.nodes.empty() ? 0 : c.nodes.size());
+  for (size_t j = 0; j < from_rest.size(); ++j) from_rest[j].assign(c.nodes[j]->live.size(), false);
+  for (const auto& n : g.nodes) {
+    for (const auto& in : n->inputs) {
+      if (!in.node) continue;
+      const int32_t src = local_index(in.node.get());
+      if (src >= 0) from_rest[src][in.index] = true;
+    }
+  }
+  // Outputs: results a live storage or a later pending node needs, and every check vector.
+  append_int(c.key, device);  // an executable is compiled for one device
+  append_int(c.key, static_cast<int64_t>(c.nodes.size()));
+  for (size_t j = 0; j < c.nodes.size(); ++j) {
+    const Node& n = *c.nodes[j];
+    const Fragment& f = *n.frag;
+    append_int(c.key, n.fragment);
+    for (const auto& w : c.wiring[j]) {
+      append_int(c.key, w[0]);
+      append_int(c.key, w[1]);
+      append_int(c.key, w[2]);
+    }
+    for (size_t r = 0; r < n.live.size(); ++r) {
+      const bool check = f.has_check && r + 1 == n.live.size();
+      if (n.live[r] > 0 || (!from_rest.empty() && from_rest[j][r]) || check) {
+        c.outputs.emplace_back(static_cast<int32_t>(j), r);
+      }
+    }
+  }
+  append_int(c.key, -1);
+  for (const auto& o : c.outputs) {
+    append_int(c.key, o.first);
+    append_int(c.key, o.second);
+  }
+  // Donation: a leaf nothing outside this chunk holds (no storage, no other node) is overwritten in place.
+  append_int(c.key, -2);
+  c.donated.assign(c.leaves.size(), false);
+  // (a leaf's type is its fragment parameter's: the wiring already keys it)
+  for (size_t li = 0; li < c.leaves.size(); ++li) {
+    const auto held = static_cast<int64_t>(c.leaves[li].use_count());
+    if (held == 1 + leaf_refs[li]) {
+      c.donated[li] = true;
+      append_int(c.key, static_cast<int64_t>(li));
+    }
+  }
+  return c;
+}
+
+const char* kPackF = "%pf";
+const char* kPackI = "%pi";
+
+std::string slice1(const std::string& out, const char* pack, int64_t n_pack, const char* elem, int64_t at,
+                   int64_t len) {
+  std::ostringstream s;
+  s << out << " = \"stablehlo.slice\"(" << pack << ") {start_indices = array<i64: " << at
+    << ">, limit_indices = array<i64: " << at + len << ">, strides = array<i64: 1>} : (tensor<" << n_pack << "x"
+    << elem << ">) -> tensor<" << len << "x" << elem << ">";
+  return s.str();
+}
+
+// The chunk's module: @main calls each node's fragment, with the scalars unpacked from the two vectors.
+std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
+  std::ostringstream body, funcs;
+  std::unordered_map<std::string, bool> emitted;
+  std::vector<std::string> names(c.nodes.size());
+  int64_t fo = 0, io = 0;
+  for (size_t j = 0; j < c.nodes.size(); ++j) {
+    const Fragment& f = *c.nodes[j]->frag;
+    if (!emitted.count(f.name)) {
+      emitted[f.name] = true;
+      funcs << "  " << f.text << "\n";
+      for (const auto& d : f.deps) {
+        if (!emitted.count(d.first)) {
+          emitted[d.first] = true;
+          funcs << "  " << d.second << "\n";
+        }
+      }
+    }
+    std::vector<std::string> args;
+    for (const auto& w : c.wiring[j]) {
+      if (w[0] >= 0) {
+        args.push_back("%l" + std::to_string(w[0]));
+      } else {
+        const Fragment& src = *c.nodes[w[1]]->frag;
+        args.push_back(src.results.size() == 1 ? names[w[1]] : names[w[1]] + "#" + std::to_string(w[2]));
+      }
+    }
+    for (size_t s = 0; s < f.scalars.size(); ++s) {
+      const auto& sp = f.scalars[s];
+      const std::string v = "%n" + std::to_string(j) + "s" + std::to_string(s);
+      switch (sp.kind) {
+        case ScalarKind::kFloat: {
+          body << "    " << slice1(v + "a", kPackF, nf, "f64", fo, 1) << "\n";
+          body << "    " << v << "b = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xf64>) -> tensor<f64>\n";
+          std::string cur = v + "b";
+          if (sp.type == "tensor<bf16>" || sp.type == "tensor<f16>") {  // as c10: double -> float -> half
+            body << "    " << v << "c = \"stablehlo.convert\"(" << cur << ") : (tensor<f64>) -> tensor<f32>\n";
+            cur = v + "c";
+            body << "    " << v << " = \"stablehlo.convert\"(" << cur << ") : (tensor<f32>) -> " << sp.type << "\n";
+          } else if (sp.type == "tensor<f64>") {
+            body << "    " << v << " = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xf64>) -> tensor<f64>\n";
+          } else {
+            body << "    " << v << " = \"stablehlo.convert\"(" << cur << ") : (tensor<f64>) -> " << sp.type << "\n";
+          }
+          fo += 1;
+          break;
+        }
+        case ScalarKind::kComplex: {
+          body << "    " << slice1(v + "a", kPackF, nf, "f64", fo, 1) << "\n";
+          body << "    " << slice1(v + "b", kPackF, nf, "f64", fo + 1, 1) << "\n";
+          body << "    " << v << "c = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xf64>) -> tensor<f64>\n";
+          body << "    " << v << "d = \"stablehlo.reshape\"(" << v << "b) : (tensor<1xf64>) -> tensor<f64>\n";
+          body << "    " << v << "e = \"stablehlo.complex\"(" << v << "c, " << v
+               << "d) : (tensor<f64>, tensor<f64>) -> tensor<complex<f64>>\n";
+          if (sp.type == "tensor<complex<f64>>") {
+            body << "    " << v << " = \"stablehlo.reshape\"(" << v << "e) : (tensor<complex<f64>>) -> " << sp.type
+                 << "\n";
+          } else {
+            body << "    " << v << " = \"stablehlo.convert\"(" << v << "e) : (tensor<complex<f64>>) -> " << sp.type
+                 << "\n";
+          }
+          fo += 2;
+          break;
+        }
+        case ScalarKind::kInt:
+        case ScalarKind::kBool: {
+          body << "    " << slice1(v + "a", kPackI, ni, "i64", io, 1) << "\n";
+          body << "    " << v << "b = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xi64>) -> tensor<i64>\n";
+          if (sp.kind == ScalarKind::kBool) {
+            body << "    " << v << "z = \"stablehlo.constant\"() {value = dense<0> : tensor<i64>} : () -> tensor<i64>\n";
+            body << "    " << v << " = \"stablehlo.compare\"(" << v << "b, " << v
+                 << "z) {comparison_direction = #stablehlo<comparison_direction NE>, compare_type = "
+                    "#stablehlo<comparison_type SIGNED>} : (tensor<i64>, tensor<i64>) -> tensor<i1>\n";
+          } else if (sp.type == "tensor<i64>") {
+            body << "    " << v << " = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xi64>) -> tensor<i64>\n";
+          } else if (sp.type == "tensor<ui64>") {
+            body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << v << "b) : (tensor<i64>) -> tensor<ui64>\n";
+          } else {
+            body << "    " << v << " = \"stablehlo.convert\"(" << v << "b) : (tensor<i64>) -> " << sp.type << "\n";
+          }
+          io += 1;
+          break;
+        }
+        case ScalarKind::kRng: {
+          body << "    " << slice1(v + "a", kPackI, ni, "i64", io, 2) << "\n";
+          body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << v << "a) : (tensor<2xi64>) -> " << sp.type
+               << "\n";
+          io += 2;
+          break;
+        }
+      }
+      args.push_back(v);
+    }
+    names[j] = "%n" + std::to_string(j);
+    std::string in_types, out_types;
+    for (size_t k = 0; k < f.param_types.size(); ++k) in_types += (k ? ", " : "") + f.param_types[k];
+    for (size_t k = 0; k < f.scalars.size(); ++k)
+      in_types += (f.param_types.empty() && k == 0 ? "" : ", ") + f.scalars[k].type;
+    for (size_t k = 0; k < f.result_types.size(); ++k) out_types += (k ? ", " : "") + f.result_types[k];
+    body << "    " << names[j] << (f.results.size() == 1 ? "" : ":" + std::to_string(f.results.size()))
+         << " = \"func.call\"(";
+    for (size_t k = 0; k < args.size(); ++k) body << (k ? ", " : "") << args[k];
+    body << ") {callee = @" << f.name << "} : (" << in_types << ") -> "
+         << (f.results.size() == 1 ? out_types : "(" + out_types + ")") << "\n";
+  }
+  std::ostringstream m;
+  m << "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n";
+  m << "  func.func public @main(";
+  bool first = true;
+  for (size_t li = 0; li < c.leaves.size(); ++li) {
+    m << (first ? "" : ", ") << "%l" << li << ": " << mlir_type(c.leaves[li]->type)
+      << (c.donated[li] ? " {jax.buffer_donor = true}" : "");
+    first = false;
+  }
+  if (nf) {
+    m << (first ? "" : ", ") << "%pf: tensor<" << nf << "xf64>";
+    first = false;
+  }
+  if (ni) {
+    m << (first ? "" : ", ") << "%pi: tensor<" << ni << "xi64>";
+    first = false;
+  }
+  std::string ret_names, ret_types;
+  for (size_t k = 0; k < c.outputs.size(); ++k) {
+    const auto& o = c.outputs[k];
+    const Fragment& f = *c.nodes[o.first]->frag;
+    ret_names += (k ? ", " : "") +
+                 (f.results.size() == 1 ? names[o.first] : names[o.first] + "#" + std::to_string(o.second));
+    ret_types += (k ? ", " : "") + f.result_types[o.second];
+  }
+  m << ") -> (" << ret_types << ") {\n" << body.str();
+  m << "    \"func.return\"(" << ret_names << ") : (" << ret_types << ") -> ()\n  }\n";
+  m << funcs.str() << "}\n";
+  return m.str();
+}
+
+void fail_nodes(const Chunk& c, const std::string& message) {
+  auto err = std::make_shared<const std::string>(message);
+  for (const auto& n : c.nodes) {
+    n->state = Node::State::kFailed;
+    n->error = err;
+    n->inputs.clear();
+  }
+  g_counters.failed_chunks += 1;
+}
+
+std::string describe_ops(const Chunk& c) {
+  std::ostringstream s;
+  const size_t shown = std::min<size_t>(c.nodes.size(), 6);
+  for (size_t j = 0; j < shown; ++j) {
+    const Node& n = *c.nodes[j];
+    s << (j ? "; " : "") << n.frag->label;
+    if (!n.line.empty()) s << " at " << n.line;
+  }
+  if (c.nodes.size() > shown) s << "; ... " << c.nodes.size() - shown << " more";
+  return s.str();
+}
+
+// Compiles (cached) and runs a detached chunk; publishes its results. Holds no lock but the cut lock.
+void launch_chunk(Chunk& c, CutCause cause, bool wait) {
+  if (c.nodes.empty()) return;
+  if (!c.failure.empty()) {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    fail_nodes(c, c.failure);
+    TORCH_CHECK(false, c.failure);
+  }
+  if (c.outputs.empty()) {  // nothing any storage or check still needs: nothing to run
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    for (auto& n : c.nodes) {
+      n->results.assign(n->live.size(), BufferPtr());
+      n->state = Node::State::kLaunched;
+      n->inputs.clear();
+    }
+    g_counters.cuts[static_cast<int>(cause)] += 1;
+    g_counters.dead_ops += static_cast<int64_t>(c.nodes.size());
+    return;
+  }
+  int64_t nf = 0, ni = 0;
+  for (const auto& n : c.nodes) {
+    nf += static_cast<int64_t>(n->fscalars.size());
+    ni += static_cast<int64_t>(n->iscalars.size());
+  }
+  _object* launcher = g_chunk_cache.find(c.key);
+  if (launcher != nullptr) {
+    g_counters.chunk_cache_hits += 1;
+  } else {
+    g_counters.chunk_cache_misses += 1;
+    std::vector<ValueType> results;
+    for (const auto& o : c.outputs) results.push_back(c.nodes[o.first]->frag->results[o.second]);
+    std::vector<ValueType> leaf_types;
+    for (const auto& l : c.leaves) leaf_types.push_back(l->type);
+    try {
+      launcher = runtime::compile_chunk(chunk_text(c, nf, ni), c.device, leaf_types, nf, ni, results);
+    } catch (const c10::Error& e) {
+      std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+      const std::string msg = std::string("tpu: compiling a chunk of ") + std::to_string(c.nodes.size()) +
+                              " op(s) failed (" + describe_ops(c) + "): " + e.what_without_backtrace();
+      fail_nodes(c, msg);
+      TORCH_CHECK(false, msg);
+    }
+    g_chunk_cache.insert(c.key, launcher);
+  }
+  std::vector<_object*> leaves;
+  std::vector<double> fpack;
+  std::vector<int64_t> ipack;
+  fpack.reserve(nf);
+  ipack.reserve(ni);
+  for (const auto& l : c.leaves) leaves.push_back(l->array);
+  for (const auto& n : c.nodes) {
+    fpack.insert(fpack.end(), n->fscalars.begin(), n->fscalars.end());
+    ipack.insert(ipack.end(), n->iscalars.begin(), n->iscalars.end());
+  }
+  std::vector<_object*> outs;
+  try {
+    outs = runtime::launch(launcher, leaves, fpack, ipack);
+  } catch (const c10::Error& e) {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    const std::string msg = std::string("tpu: a chunk of ") + std::to_string(c.nodes.size()) + " op(s) failed (" +
+                            describe_ops(c) + "): " + e.what_without_backtrace();
+    fail_nodes(c, msg);
+    TORCH_CHECK(false, msg);
+  }
+  TORCH_INTERNAL_ASSERT(outs.size() == c.outputs.size(), "tpu: a chunk returned ", outs.size(), " values for ",
+                        c.outputs.size(), " outputs");
+  std::vector<_object*> check_arrays;
+  std::vector<int32_t> check_frags;
+  std::vector<std::string> check_lines;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    for (size_t li = 0; li < c.leaves.size(); ++li) {
+      if (c.donated[li]) {
+        c.leaves[li]->mark_donated();
+        g_counters.donated_buffers += 1;
+        g_counters.donated_bytes += c.leaves[li]->type.nbytes();
+      }
+    }
+    for (auto& n : c.nodes) n->results.assign(n->live.size(), BufferPtr());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const auto& o = c.outputs[k];
+      Node& n = *c.nodes[o.first];
+      const Fragment& f = *n.frag;
+      if (f.has_check && static_cast<size_t>(o.second) + 1 == n.live.size()) {
+        check_arrays.push_back(outs[k]);
+        check_frags.push_back(n.fragment);
+        check_lines.push_back(n.line);
+        continue;
+      }
+      n.results[o.second] = c10::make_intrusive<DeviceBuffer>(outs[k], f.results[o.second], c.device);
+    }
+    for (auto& n : c.nodes) {
+      n->state = Node::State::kLaunched;
+      n->inputs.clear();
+      n->fscalars.clear();
+      n->iscalars.clear();
+    }
+    g_counters.chunks += 1;
+    g_counters.chunk_ops += static_cast<int64_t>(c.nodes.size());
+    int64_t prev = g_counters.chunk_ops_max.load();
+    while (prev < static_cast<int64_t>(c.nodes.size()) &&
+           !g_counters.chunk_ops_max.compare_exchange_weak(prev, static_cast<int64_t>(c.nodes.size()))) {
+    }
+    g_counters.cuts[static_cast<int>(cause)] += 1;
+    c.leaves.clear();
+  }
+  if (wait) {
+    try {
+      runtime::wait(outs);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "tpu: ", describe_ops(c), ": ", e.what_without_backtrace());
+    }
+  }
+  if (!check_arrays.empty()) runtime::submit_checks(check_arrays, check_frags, check_lines, wait);
+}
+
+void reset_window(c10::DeviceIndex device) {
+  DeviceGraph& g = g_graphs[device];
+  g.repeat.clear();
+  g.repeat_cut = 0;
+  for (const auto& n : g.nodes) g.repeat.push(node_hash(*n), kMinPeriod);
+}
+
+}  // namespace
+
+const char* cut_cause_name(CutCause c) {
+  switch (c) {
+    case CutCause::kOp: return "op";
+    case CutCause::kHostRead: return "host_read";
+    case CutCause::kSync: return "sync";
+    case CutCause::kSizeCap: return "size_cap";
+    case CutCause::kRepeat: return "repeat";
+    case CutCause::kModeSwitch: return "mode_switch";
+    case CutCause::kFallback: return "fallback";
+    case CutCause::kDataDependent: return "data_dependent";
+    default: return "?";
+  }
+}
+
+GraphCounters& graph_counters() { return g_counters; }
+
+void set_chunk_cache_capacity(int64_t n) {
+  std::lock_guard<std::recursive_mutex> cut_lock(g_cut_mu);
+  g_chunk_cache.capacity = static_cast<size_t>(std::max<int64_t>(1, n));
+}
+
+void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops) {
+  g_max_ops = std::max<int64_t>(1, max_ops);
+  g_repeat_min_ops = repeat_min_ops;
+}
+
+bool value_type(StorageHandle* h, ValueType* out) {
+  h->resolve();
+  if (h->state == StorageHandle::State::kBuffer) {
+    *out = h->buffer->type;
+    return true;
+  }
+  if (h->state == StorageHandle::State::kPending) {
+    *out = h->node->frag->results[h->index];
+    return true;
+  }
+  return false;
+}
+
+bool record(const NodePtr& node, bool fused) {
+  DeviceGraph& g = g_graphs[node->device];
+  if (g.nodes.empty()) g.base = g.next_seq;
+  node->seq = g.next_seq++;
+  g.nodes.push_back(node);
+  if (!fused) return false;
+  const int64_t i = static_cast<int64_t>(g.nodes.size()) - 1;
+  if (g_repeat_min_ops > 0) {
+    g.repeat.push(node_hash(*node), kMinPeriod);
+    // once the graph is long enough, cut at the start of the last period: what stays pending begins a period,
+    // so every later chunk holds the same whole periods and reuses one executable
+    const int64_t p = g.repeat.period;
+    if (i + 1 >= g_repeat_min_ops && i + 1 > p && g.repeat.at_boundary(i + 1)) g.repeat_cut = i + 1 - p;
+  }
+  return g.repeat_cut > 0 || static_cast<int64_t>(g.nodes.size()) >= g_max_ops;
+}
+
+std::vector<std::string> pending_describe(c10::DeviceIndex device) {
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  std::vector<std::string> out;
+  const DeviceGraph& g = g_graphs[device];
+  for (const auto& n : g.nodes) {
+    std::string s = n->frag->label + " <-";
+    for (const auto& in : n->inputs) {
+      s += in.node ? " " + std::to_string(n->seq - in.node->seq) + ":" + std::to_string(in.index) +
+                         (in.node->state == Node::State::kPending ? "" : "L")
+                   : " leaf";
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<uint64_t> pending_hashes(c10::DeviceIndex device) {
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  return g_graphs[device].repeat.hashes;
+}
+
+size_t pending_ops(c10::DeviceIndex device) {
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  return g_graphs[device].nodes.size();
+}
+
+void cut(c10::DeviceIndex device, CutCause cause, bool wait) {
+  std::lock_guard<std::recursive_mutex> cut_lock(g_cut_mu);
+  Chunk c;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    DeviceGraph& g = g_graphs[device];
+    if (g.nodes.empty()) return;
+    size_t count = g.nodes.size();
+    if (cause == CutCause::kRepeat && g.repeat_cut > 0 && static_cast<size_t>(g.repeat_cut) < count) {
+      count = static_cast<size_t>(g.repeat_cut);
+    } else if (cause == CutCause::kRepeat) {
+      cause = CutCause::kSizeCap;
+    }
+    c = detach(device, count);
+    if (g.nodes.empty()) {
+      if (!g.repeat.hashes.empty()) g.repeat.clear();
+      g.repeat_cut = 0;
+    } else {
+      reset_window(device);
+    }
+  }
+  launch_chunk(c, cause, wait);
+}
+
+void cut_all(CutCause cause) {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    bool any;
+    {
+      std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+      any = !g_graphs[d].nodes.empty();
+    }
+    if (any) cut(static_cast<c10::DeviceIndex>(d), cause);
+  }
+}
+
+void wait_device(c10::DeviceIndex device) {
+  std::lock_guard<std::recursive_mutex> cut_lock(g_cut_mu);
+  runtime::wait_all(device);
+}
+
+}  // namespace torchtpu

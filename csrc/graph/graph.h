@@ -1,0 +1,64 @@
+#pragma once
+// The pending graph of each device and its cuts: the nodes recorded since the last cut become one chunk, one
+// XLA program whose outputs are only the values a live storage (or a node still pending) needs. Chunks are
+// keyed structurally (fragments, wiring, outputs, donated leaves), never by buffer identity or scalar value.
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "graph/node.h"
+
+namespace torchtpu {
+
+enum class CutCause : int {
+  kOp = 0,         // strict and debug: after every op
+  kHostRead,       // .item(), .cpu(), printing, a host copy
+  kSync,           // torchtpu.sync(), torch.tpu.synchronize()
+  kSizeCap,        // the pending graph reached TORCHTPU_FUSED_MAX_OPS
+  kRepeat,         // the repeated-structure rule: a period of the op sequence ended
+  kModeSwitch,
+  kFallback,       // a CPU fallback or Python kernel reads values
+  kDataDependent,  // an output size depends on values
+  kCount
+};
+const char* cut_cause_name(CutCause c);
+
+// Appends a node to its device's pending graph and points the result handles at it. Caller holds
+// exec_mutex(). Returns true when the fused-mode policies (size cap, repeated structure) ask for a cut.
+bool record(const NodePtr& node, bool fused);
+
+// Launches what is pending on the device (one chunk; with the repeated-structure rule, the nodes before the
+// period's start); with wait, waits for its results and verifies its checks (debug mode). Must not be called
+// with exec_mutex() held. Throws the chunk's failure.
+void cut(c10::DeviceIndex device, CutCause cause, bool wait = false);
+void cut_all(CutCause cause);
+size_t pending_ops(c10::DeviceIndex device);
+std::vector<uint64_t> pending_hashes(c10::DeviceIndex device);
+std::vector<std::string> pending_describe(c10::DeviceIndex device);  // the repeated-structure rule's window (tests)
+
+// The type of a storage's value (its buffer's, or the pending result's); false when it holds none.
+bool value_type(StorageHandle* h, ValueType* out);
+
+// Waits for every chunk launched so far on the device.
+void wait_device(c10::DeviceIndex device);
+
+struct GraphCounters {
+  std::atomic<int64_t> chunks{0};
+  std::atomic<int64_t> chunk_ops{0};
+  std::atomic<int64_t> chunk_ops_max{0};
+  std::atomic<int64_t> chunk_cache_hits{0};
+  std::atomic<int64_t> chunk_cache_misses{0};
+  std::atomic<int64_t> chunk_cache_evictions{0};
+  std::atomic<int64_t> donated_buffers{0};
+  std::atomic<int64_t> donated_bytes{0};
+  std::atomic<int64_t> failed_chunks{0};
+  std::atomic<int64_t> dead_ops{0};  // recorded, then found unneeded at the cut: never run
+  std::array<std::atomic<int64_t>, static_cast<int>(CutCause::kCount)> cuts{};
+};
+GraphCounters& graph_counters();
+
+// Fused-mode policy knobs (TORCHTPU_FUSED_MAX_OPS, TORCHTPU_FUSED_REPEAT_MIN_OPS).
+void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops);
+void set_chunk_cache_capacity(int64_t n);  // TORCHTPU_CACHE_ENTRIES
+
+}  // namespace torchtpu

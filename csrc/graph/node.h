@@ -1,0 +1,38 @@
+#pragma once
+// A node of the pending graph: one op's fragment applied to its inputs (the values of its storages when it
+// was recorded) and its runtime scalars. Strict mode cuts after every node; fused mode after many.
+#include <c10/util/SmallVector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/storage.h"
+
+namespace torchtpu {
+
+struct Fragment;
+
+struct ValueRef {  // one input of a node: a materialized buffer, or a result of an earlier node
+  BufferPtr leaf;
+  NodePtr node;
+  int32_t index = 0;
+};
+
+struct Node : c10::intrusive_ptr_target {
+  enum class State : uint8_t { kPending, kLaunched, kFailed };
+  int32_t fragment = -1;
+  const Fragment* frag = nullptr;
+  c10::DeviceIndex device = 0;
+  State state = State::kPending;
+  int64_t seq = -1;                  // its position among its device's recorded nodes
+  c10::SmallVector<ValueRef, 4> inputs;    // storage parameters, in the fragment's order
+  c10::SmallVector<double, 2> fscalars;    // float/complex runtime scalars, in the fragment's order
+  c10::SmallVector<int64_t, 2> iscalars;   // integer/bool scalars and random-number states
+  c10::SmallVector<int32_t, 2> live;       // per result: storage handles pointing at it
+  c10::SmallVector<BufferPtr, 2> results;  // after launch: the results that were chunk outputs
+  std::shared_ptr<const std::string> error;
+  std::string line;                  // the Python line that recorded it (debug mode, checked ops)
+};
+
+}  // namespace torchtpu

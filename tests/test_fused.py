@@ -1,0 +1,170 @@
+"""Fused eager and the C++ per-op path: ops recorded into a pending graph and run as one XLA program per chunk;
+a warmed-up step runs no Python lowering code; chunks are keyed by structure, so step 2 on compiles nothing."""
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu import _C
+
+
+def _example():
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "train_gpt.py")
+    spec = importlib.util.spec_from_file_location("train_gpt", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_chunk_holds_many_ops_and_keeps_temporaries_off_the_device():
+    x = torch.randn(64, device="tpu")
+    torchtpu.sync()
+    with torchtpu.mode("fused"):
+        torchtpu.metrics.reset()
+        y = x
+        for _ in range(20):
+            y = torch.tanh(y * 1.5 + 0.25)
+        assert _C._pending_ops(0) == 60
+        out = y.cpu()
+    c = torchtpu.metrics.counters()
+    assert c["executions"] == 1 and c["chunk_ops"] == 60 and c["cuts.host_read"] == 1
+    assert c["transfers.d2h"] == 1  # the 59 temporaries never left the program
+    ref = x.cpu()
+    for _ in range(20):
+        ref = torch.tanh(ref * 1.5 + 0.25)
+    torch.testing.assert_close(out, ref)
+
+
+def test_fused_matches_strict_and_random_numbers_agree():
+    outs = {}
+    for m in ("strict", "fused"):
+        with torchtpu.mode(m):
+            torch.manual_seed(123)
+            a = torch.randn(16, 16, device="tpu")
+            d = F.dropout(a, 0.5, training=True)
+            outs[m] = ((a @ a.t()).softmax(-1) + d).cpu()
+    torch.testing.assert_close(outs["fused"], outs["strict"], rtol=1e-6, atol=1e-6)
+
+
+def test_training_step_two_on_compiles_nothing_in_every_mode():
+    gpt = _example()
+    build = lambda: gpt.small_gpt(dropout=False)  # noqa: E731
+    cpu, _, _ = gpt.train(build, "cpu", 5)
+    for m in ("strict", "fused", "debug"):
+        losses, _, compiles = gpt.train(build, "tpu", 5, mode=m)
+        assert sum(compiles[2:]) == 0, (m, compiles)
+        assert max(abs(a - b) / abs(a) for a, b in zip(cpu, losses)) < 1e-5, (m, cpu, losses)
+
+
+def test_warmed_up_training_step_runs_no_python_lowering_code():
+    """On an op-table hit no Python runs but the one jaxlib call that launches: the rules, the tracer and the
+    StableHLO builder are not even entered."""
+    gpt = _example()
+    pkg = os.path.dirname(torchtpu.__file__)
+    lowering_files = {os.path.join(pkg, f) for f in ("kernels.py", "trace.py", "emit.py", "hlo.py", "views.py",
+                                                       "jaxfn.py", "tables.py")}
+    lowering_dir = os.path.join(pkg, "lowering")
+    for m in ("strict", "fused"):
+        torch.manual_seed(0)
+        model = gpt.small_gpt(dropout=True)[0].to("tpu")  # dropout on: the random ops too
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = [(x.to("tpu"), y.to("tpu")) for x, y in gpt.batches(4, 16, 32, 64)]
+        entered = []
+
+        host_reads = {"_local_scalar_dense", "covers_storage", "is_contiguous"}  # loss.item(): not lowering
+
+        def prof(frame, event, arg):
+            if event == "call" and frame.f_code.co_name not in host_reads:
+                f = frame.f_code.co_filename
+                if f in lowering_files or f.startswith(lowering_dir):
+                    entered.append(f"{os.path.basename(f)}:{frame.f_code.co_name}")
+
+        with torchtpu.mode(m):
+            for i, (x, y) in enumerate(data):
+                if i == 2:
+                    misses = _C._counters()["op_table.misses"]
+                    sys.setprofile(prof)
+                try:
+                    loss = model(x, y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    loss.item()
+                finally:
+                    if i == 3:
+                        sys.setprofile(None)
+        assert not entered, (m, sorted(set(entered))[:10])
+        assert _C._counters()["op_table.misses"] == misses
+
+
+def test_loop_without_syncs_is_cut_by_its_repeats_and_compiles_nothing_more():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(8, 16, device="tpu"), torch.randn(8, 4, device="tpu")
+    with torchtpu.mode("fused"):
+        counts = []
+        for step in range(120):
+            opt.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+            if step % 40 == 39:
+                counts.append(torchtpu.metrics.counters().get("compiles", 0))
+        assert _C._pending_ops(0) < 256 + 64  # the repeated-structure rule cut it, no size cap needed
+        c = torchtpu.metrics.counters()
+        assert c.get("cuts.repeat", 0) >= 2 and "cuts.size_cap" not in c
+        assert counts[1] == counts[2], counts  # the repeats reuse one executable
+        torchtpu.sync()
+
+
+def test_size_cap_cuts_a_long_graph():
+    _C._set_fused_limits(50, 0)
+    try:
+        x = torch.ones(8, device="tpu")
+        with torchtpu.mode("fused"):
+            torchtpu.metrics.reset()
+            for i in range(120):
+                x = x * 1.001 + i % 3
+            assert torchtpu.metrics.counters().get("cuts.size_cap", 0) == 4
+            assert _C._pending_ops(0) == 40
+            v = x.cpu()
+        ref = torch.ones(8)
+        for i in range(120):
+            ref = ref * 1.001 + i % 3
+        torch.testing.assert_close(v, ref)
+    finally:
+        _C._set_fused_limits(int(os.environ.get("TORCHTPU_FUSED_MAX_OPS", "4096")),
+                             int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_OPS", "256")))
+
+
+def test_errors_in_a_chunk_name_the_op_and_line():
+    w = torch.randn(10, 4, device="tpu")
+    with torchtpu.mode("fused"):
+        with pytest.raises(IndexError, match=r"embedding .*test_fused.py:\d+.*index 12"):
+            e = F.embedding(torch.tensor([3, 12], device="tpu"), w) * 2
+            e.sum().item()
+
+
+def test_in_place_updates_donate_in_fused_mode_too():
+    n = 1 << 20
+    x = torch.zeros(n, device="tpu")
+    torchtpu.sync()
+    with torchtpu.mode("fused"):
+        torchtpu.metrics.reset()
+        for _ in range(5):
+            x.add_(1.0)
+            torchtpu.sync()
+    assert torchtpu.metrics.counters()["donated_bytes"] >= 5 * 4 * n
+    assert x.cpu()[0].item() == 5.0
+
+
+def test_step_line_reports_per_step():
+    torchtpu.metrics.step_line()
+    x = torch.ones(4, device="tpu")
+    (x + 1).sum().item()
+    line = torchtpu.metrics.step_line()
+    assert "ops" in line and "chunks" in line and "compiles" in line and "host syncs 1" in line
