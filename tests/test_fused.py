@@ -125,6 +125,7 @@ def test_size_cap_cuts_a_long_graph():
     _C._set_fused_limits(50, 0)
     try:
         x = torch.ones(8, device="tpu")
+        torchtpu.sync()
         with torchtpu.mode("fused"):
             torchtpu.metrics.reset()
             for i in range(120):
