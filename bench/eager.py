@@ -6,7 +6,7 @@ Run: .venv/bin/python bench/eager.py [--steps 12] [--write]   (--write: also wri
 1. A chain of 200 small elementwise ops (256 floats, ``a = a * b; a = a + b``, the chain of
    ../shared/bench/peer_perop_torch_xla.py): µs per op for PyTorch CPU eager, tpu strict / fused / debug, JAX
    with one ``jax.jit`` call per op (the PJRT launch floor through jaxlib) and JAX with the whole chain in one
-   ``jax.jit``. Best of 5; the ratios to JAX's one-jit-per-op time are what to read.
+   ``jax.jit``. Best of 5 runs, in each of two rounds; the ratios to JAX's one-jit-per-op time are what to read.
 2. Training steps (AdamW, ``loss.item()`` every step, dropout off): time per step / PyTorch CPU eager for an MLP,
    the small GPT (d=128, 2 layers, ctx 64, batch 8), the README example's GPT, a small CNN with BatchNorm,
    Hugging Face GPT-2 (tiny) and a wider GPT (d=256, 4 layers); the GPTs also in JAX with the whole step in one
@@ -148,24 +148,43 @@ MODELS = {
 }
 
 
-def run_steps(build, batches, loss_fn, device, mode=None):
+def torch_stepper(build, loss_fn, device, mode=None, backend=None):
+    """A function running one AdamW step on a batch, with loss.item(): (loss, seconds, compiles). backend: the model
+    goes through torch.compile with it (bench/compiled.py)."""
     model = build().to(device)
     model.train()
+    fwd = torch.compile(model, backend=backend) if backend else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    losses, times, compiles = [], [], []
-    ctx = torchtpu.mode(mode) if mode else _Null()
-    with ctx:
-        for x, y in batches:
+
+    def step(x, y):
+        with torchtpu.mode(mode) if mode else _Null():
             c0 = torchtpu.metrics.counters().get("compiles", 0)
             t0 = time.perf_counter()
-            loss = loss_fn(model, x.to(device), y.to(device))
+            loss = loss_fn(fwd, x.to(device), y.to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(loss.item())
-            times.append(time.perf_counter() - t0)
-            compiles.append(torchtpu.metrics.counters().get("compiles", 0) - c0)
-    return losses, times, compiles
+            value = loss.item()
+            dt = time.perf_counter() - t0
+            return value, dt, torchtpu.metrics.counters().get("compiles", 0) - c0
+
+    return step
+
+
+def jax_stepper(build, jax_cfg):
+    import jax_gpt
+
+    init, step = jax_gpt.make_step(**jax_cfg)
+    state = [init(jax_gpt.params_of(build()))]
+
+    def run(x, y):
+        jx, jy = jax_gpt.as_jax((x, y))
+        t0 = time.perf_counter()
+        state[0], loss = step(state[0], jx, jy)
+        value = float(loss)
+        return value, time.perf_counter() - t0, 0
+
+    return run
 
 
 class _Null:
@@ -176,43 +195,40 @@ class _Null:
         return False
 
 
-def run_jax(build, batches, jax_cfg):
-    import jax_gpt
-
-    init, step = jax_gpt.make_step(**jax_cfg)
-    state = init(jax_gpt.params_of(build()))
-    losses, times = [], []
-    for x, y in batches:
-        jx, jy = jax_gpt.as_jax((x, y))
-        t0 = time.perf_counter()
-        state, loss = step(state, jx, jy)
-        losses.append(float(loss))
-        times.append(time.perf_counter() - t0)
-    return losses, times
-
-
 WARMUP = 3
+BLOCK = 4
 
 
 def steps_table(steps, only=None):
+    """The variants (CPU, strict, fused, debug, JAX) take blocks of BLOCK steps in turn over the same batches: the
+    machine's noise falls on all of them alike, and the medians compare."""
     rows = []
     for name, make in MODELS.items():
         if only and not any(o in name for o in only):
             continue
         build, data, loss_fn, jax_cfg = make()
+        variants = {"cpu": torch_stepper(build, loss_fn, "cpu")}
+        for m in MODES:
+            variants[m] = torch_stepper(build, loss_fn, "tpu", m)
+        if jax_cfg:
+            variants["jax"] = jax_stepper(build, jax_cfg)
+        res = {k: ([], [], []) for k in variants}
         batches = data(steps)
-        cpu_l, cpu_t, _ = run_steps(build, batches, loss_fn, "cpu")
+        for lo in range(0, steps, BLOCK):  # blocks of steps in turn: warm caches, shared noise
+            for k, run in variants.items():
+                for x, y in batches[lo:lo + BLOCK]:
+                    for lst, v in zip(res[k], run(x, y)):
+                        lst.append(v)
+        cpu_l, cpu_t, _ = res["cpu"]
         cpu = statistics.median(cpu_t[WARMUP:])
         row = {"model": name, "cpu_ms": cpu * 1e3}
-        for m in MODES:
-            l, t, c = run_steps(build, batches, loss_fn, "tpu", m)
-            row[m] = statistics.median(t[WARMUP:]) / cpu
-            row[m + "_compiles"] = sum(c[2:])
-            row[m + "_diff"] = max(abs(a - b) / abs(a) for a, b in zip(cpu_l, l))
-        if jax_cfg:
-            jl, jt = run_jax(build, batches, jax_cfg)
-            row["jax"] = statistics.median(jt[WARMUP:]) / cpu
-            row["jax_diff"] = max(abs(a - b) / abs(a) for a, b in zip(cpu_l, jl))
+        for k in variants:
+            if k == "cpu":
+                continue
+            l, t, c = res[k]
+            row[k] = statistics.median(t[WARMUP:]) / cpu
+            row[k + "_compiles"] = sum(c[2:])
+            row[k + "_diff"] = max(abs(a - b) / abs(a) for a, b in zip(cpu_l, l))
         rows.append(row)
         print(_step_row(row), flush=True)
     return rows
@@ -237,7 +253,8 @@ def main():
     ap.add_argument("--only", nargs="*")
     args = ap.parse_args()
     print(f"torchtpu {torchtpu.__version__} on {torch.tpu.get_device_name()}, torch {torch.__version__}\n")
-    chain_rows = chain_table()
+    first, second = chain_table(), chain_table()  # the first round also warms caches and allocators
+    chain_rows = {k: min(first[k], second[k]) for k in first}
     jit = chain_rows["JAX, one jax.jit call per op"]
     lines = ["| chain of 200 small elementwise ops (256 floats) | µs per op | / JAX one jit per op |",
              "| --- | --- | --- |"]

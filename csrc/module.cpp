@@ -12,6 +12,7 @@
 #include "core/generator.h"
 #include "core/storage.h"
 #include "executor/executor.h"
+#include "graph/capture.h"
 #include "graph/fragment.h"
 #include "graph/graph.h"
 #include "runtime/python.h"
@@ -91,6 +92,44 @@ void register_executor(py::module& m) {
     py::gil_scoped_release no_gil;
     torchtpu::record_fragment(fid, st, fs, is, rs, line);
   });
+  // compiled graphs (torchtpu/compile.py, csrc/graph/capture.h)
+  m.def("_capture_begin", [](int64_t device, py::list inputs) {
+    auto ins = tensors_of(inputs);
+    py::gil_scoped_release no_gil;
+    torchtpu::capture_begin(static_cast<c10::DeviceIndex>(device), ins);
+  });
+  m.def("_capture_end", [](int64_t device, py::list inputs, py::list outputs) {
+    auto ins = tensors_of(inputs);
+    auto outs = tensors_of(outputs);
+    torchtpu::CaptureResult r;
+    {
+      py::gil_scoped_release no_gil;
+      r = torchtpu::capture_end(static_cast<c10::DeviceIndex>(device), ins, outs);
+    }
+    return py::make_tuple(r.program, r.why, r.check_fragments, r.ops);
+  });
+  m.def("_run_program", [](int32_t program, py::list inputs) -> py::object {
+    auto ins = tensors_of(inputs);
+    std::optional<std::vector<at::Tensor>> outs;
+    {
+      py::gil_scoped_release no_gil;
+      outs = torchtpu::run_program(program, ins);
+    }
+    if (!outs) return py::none();
+    return py::cast(*outs);
+  });
+  m.def("_program_info", [](int32_t program) {
+    auto i = torchtpu::program_info(program);
+    py::dict d;
+    d["fragment"] = i.fragment;
+    d["ops"] = i.ops;
+    d["leaves"] = i.leaves;
+    d["constants"] = i.constants;
+    d["results"] = i.results;
+    d["mutated"] = i.mutated;
+    d["rng"] = i.rng;
+    return d;
+  });
   m.def("_storage_buffer", [](py::handle t, int cause) -> py::object {
     at::Tensor tensor = tensor_of(t);
     _object* a;
@@ -147,6 +186,8 @@ void register_executor(py::module& m) {
     d["donated_bytes"] = g.donated_bytes.load();
     d["failed_chunks"] = g.failed_chunks.load();
     d["dead_ops"] = g.dead_ops.load();
+    d["transfers.h2d"] = g.h2d_transfers.load();
+    d["bytes.h2d"] = g.h2d_bytes.load();
     for (int c = 0; c < static_cast<int>(torchtpu::CutCause::kCount); ++c) {
       auto v = g.cuts[c].load();
       if (v) d[py::str(std::string("cuts.") + torchtpu::cut_cause_name(static_cast<torchtpu::CutCause>(c)))] = v;

@@ -2,6 +2,9 @@ import os
 
 # Two XLA:CPU devices, so tpu:1 is tested as tpu:0 is (must be set before torch autoloads torchtpu).
 os.environ.setdefault("TORCHTPU_NUM_CPU_DEVICES", "2")
+# The suite compiles thousands of one-op programs: keep them out of the user's disk cache (tests/test_cache_disk.py
+# turns the disk tier on where it is tested).
+os.environ.setdefault("TORCHTPU_CACHE_DIR", "")
 
 import pytest
 import torch

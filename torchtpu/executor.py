@@ -104,7 +104,9 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
         tr.write(src, tr.read(t))
         tr.record()
     buf = buffer_of(src)
-    verify_checks()
+    if buf is not None:
+        buf.block_until_ready()  # the value first: then the checks of what has finished (its own among them)
+    verify_checks(wait=False)
     try:
         host = runtime.get().to_host(buf)
     except Exception as e:
@@ -161,6 +163,19 @@ def _checking_nans(launcher, results):
     return run
 
 
+def device_put_args(shape, dtype, device_index):
+    """What csrc/runtime uploads a host array of this shape and dtype with: (jaxlib's batched_device_put, aval,
+    sharding, [device], numpy dtype). A copy costs ~2.5 µs through it against ~20 µs for jax.device_put."""
+    from jax._src import core
+    from jax._src.lib import xla_client as xc
+    from jax._src.sharding_impls import SingleDeviceSharding
+
+    dev = runtime.get().device(device_index)
+    np_dtype = D.to_numpy(dtype)
+    return (xc.batched_device_put, core.ShapedArray(tuple(shape), np_dtype), SingleDeviceSharding(dev), [dev],
+            np_dtype)
+
+
 def wait_all(device_index):
     runtime.get().wait_device(device_index)
 
@@ -172,17 +187,32 @@ def submit_checks(raw, now):
     checks.verify(raw, deferred=not now)
 
 
-def verify_checks() -> None:
-    """Raises the first failed device-side check of the ops launched so far (waits for their programs); a failed
-    check is reported once, as a device-side assert is."""
-    checks.verify(_C._take_checks(), deferred=True)
+_unfinished: list = []  # checks taken from the executor whose programs had not finished at a host read
+
+
+def verify_checks(wait: bool = True) -> None:
+    """Raises the first failed device-side check of the ops launched so far; a failed check is reported once, as a
+    device-side assert is. wait=False (a host read) verifies the programs that have finished and keeps the
+    others for the next read or sync, so that a read never waits for work it does not need."""
+    global _unfinished
+    raw = _unfinished + list(_C._take_checks())
+    if not wait:
+        ready = []
+        _unfinished = []
+        for c in raw:
+            (ready if c[0].is_ready() else _unfinished).append(c)
+        raw = ready
+    else:
+        _unfinished = []
+    checks.verify(raw, deferred=True)
 
 
 def callbacks() -> dict:
     from . import kernels
 
     return {"lower": kernels.lower, "python_kernel": kernels.python_kernel, "compile_chunk": compile_chunk,
-            "submit_checks": submit_checks, "user_line": user_line, "wait_all": wait_all}
+            "submit_checks": submit_checks, "user_line": user_line, "wait_all": wait_all,
+            "device_put_args": device_put_args}
 
 
 __all__ = ["read_host", "synchronize", "set_mode", "get_mode", "mode", "direct_trace", "buffer_of", "cut"]

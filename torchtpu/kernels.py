@@ -181,7 +181,7 @@ class _Call:
                     v = tr.read_value(x)
                 else:
                     v = tr.host(x, self.path_of.get(id(x)) if self.lowering else None)
-                tr.source[id(v)] = x  # lets a rule update an input in place (batch norm's running stats)
+                tr.bind_argument(v, x)  # tr.update / tr.arg_of (batch norm's running stats, copy_'s bits)
                 return v
             return x
 
@@ -221,9 +221,9 @@ class _Call:
         tr = self.trace()
         if kind == "functional":
             fmeta = meta(self.op, self.name, args, kwargs)
-            tr.out = fmeta
+            tr._out = fmeta
             vals = self.run_rule(tr, rule, args, kwargs)
-            metas = _as_tuple(tr.out)  # a rule may correct the meta kernel where CPU differs (batch norm)
+            metas = _as_tuple(fmeta)
             outs = [None if m is None else self.new_output(j, m) for j, m in enumerate(metas)]
             for o, v in zip(outs, vals):
                 if o is not None:
@@ -233,12 +233,12 @@ class _Call:
         elif kind == "inplace":
             fmeta = meta(self.op, self.name, args, kwargs)  # in-place: shapes must not grow, dtypes must cast
             if fop is not self.op:
-                fmeta = meta(fop, self.name, args, kwargs)
+                fmeta = meta(fop, fname, args, kwargs)
                 selfs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
                 for t, m in zip(selfs, _as_tuple(fmeta)):
                     if not torch.can_cast(m.dtype, t.dtype):
                         raise op_error(self.name, args, kwargs, f"result type {m.dtype} can't be cast to the desired output type {t.dtype}")
-            tr.out = fmeta
+            tr._out = fmeta
             vals = self.run_rule(tr, rule, args, kwargs)
             if isinstance(args[0], (list, tuple)):  # _foreach_*_: every tensor of the list; returns nothing
                 for t, v in zip(args[0], vals):
@@ -253,7 +253,7 @@ class _Call:
             outs = [kwargs.pop(n) for n in out_names]
             check_out_overlap(self.name, args, kwargs, outs)
             # an out-only rule (no functional twin, e.g. arange.start_out) takes its shapes from the out meta
-            fmeta = ometa if fop is self.op else meta(fop, self.name, args, kwargs)
+            fmeta = ometa if fop is self.op else meta(fop, fname, args, kwargs)
             targets = []
             for o, m in zip(outs, _as_tuple(fmeta)):
                 if self.name in _OUT_DTYPE_EXACT and o.dtype != m.dtype:
@@ -270,7 +270,7 @@ class _Call:
                         continue
                     o.resize_(m.shape)
                 targets.append(o)
-            tr.out = fmeta
+            tr._out = fmeta
             vals = self.run_rule(tr, rule, args, kwargs)
             for o, v in zip(targets, vals):
                 tr.write(o, v)

@@ -55,7 +55,9 @@ def counters() -> dict:
     cc = _C._counters()
     for k, v in cc.pop("op_counts").items():
         out["op." + k] = out.get("op." + k, 0) + v
-    out.update({k: v for k, v in cc.items() if v})
+    for k, v in cc.items():
+        if v:
+            out[k] = out.get(k, 0) + v
     out["executions"] = cc["chunks"]
     hits = out.get("cache_hits.memory", 0) + cc["chunk_cache.hits"]
     if hits:

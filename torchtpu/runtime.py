@@ -77,12 +77,23 @@ class JaxlibRuntime:
 
     # -- compile / execute -----------------------------------------------------------------
     def compile(self, text: str, device_index: int = 0):
+        devs, opts = self._compile_options(device_index)
+        return self.backend.compile_and_load(text, devs, opts)
+
+    def _compile_options(self, device_index: int):
         from jax.extend.backend import get_compile_options
 
-        be = self.backend
         devs = [self.device(device_index)]
-        opts = get_compile_options(num_replicas=1, num_partitions=1, device_assignment=[devs], backend=be)
-        return be.compile_and_load(text, devs, opts)
+        return devs, get_compile_options(num_replicas=1, num_partitions=1, device_assignment=[devs],
+                                         backend=self.backend)
+
+    def serialize(self, exe) -> bytes:
+        """The executable as bytes (machine code for XLA:CPU): the disk tier of cache.py."""
+        return self.backend.serialize_executable(exe)
+
+    def deserialize(self, payload: bytes, device_index: int = 0):
+        devs, opts = self._compile_options(device_index)
+        return self.backend.deserialize_executable(payload, devs, opts)
 
     def execute(self, exe, args):
         """Launches asynchronously; the returned arrays are futures."""
@@ -177,9 +188,6 @@ class JaxlibRuntime:
             return dict(self.device(device_index).memory_stats() or {})
         except Exception:  # XLA:CPU has no allocator stats
             return {}
-
-    def serialize(self, exe) -> bytes:
-        return self.backend.serialize_executable(exe)
 
 
 _runtime: JaxlibRuntime | None = None

@@ -166,12 +166,35 @@ class Trace:
         self._write_tensor: dict = {}
         self._scalars: list = []  # (Value, kind, source)
         self.checks: list = []  # (any bad, first bad value, exception type, message)
-        self.source: dict[int, object] = {}  # id(Value) -> the argument it was read from
+        self._source: dict[int, object] = {}  # id(Value) -> the argument it was read from
         self.seen: set = set()  # paths of runtime scalars whose value a rule looked at (lowering by signature)
-        self.out = None  # output metadata (the functional form's), read by rules
+        self._out = None  # output metadata (the functional form's); set by the kernel, read by rules
         self._lowering = lowering
         self._generator_path = generator_path  # lowering: generator object -> its argument path
         self._param_of: dict = {}  # key -> the parameter Value of that storage
+
+    # -- what rules see (read-only: rules never change their context) -----------------------------
+    @property
+    def out(self):
+        """The op's output metadata: a meta tensor, or a tuple/list of them."""
+        return self._out
+
+    def with_out(self, out):
+        """This context with other output metadata, for a rule that hands part of its work to another rule (a
+        _foreach_ op's element rule, a computation in a wider dtype)."""
+        return _WithOut(self, out)
+
+    def arg_of(self, value):
+        """The argument (a tensor, with its strides and bits) a Value was read from, or None."""
+        return self._source.get(id(value))
+
+    def update(self, value, new_value) -> None:
+        """Writes new_value into the storage of the argument `value` was read from (batch norm's running
+        statistics, updated in the same program)."""
+        self.write(self._source[id(value)], new_value)
+
+    def bind_argument(self, value, arg) -> None:
+        self._source[id(value)] = arg
 
     # -- inputs -----------------------------------------------------------------------------------
     def _storage_value(self, t) -> Value | None:
@@ -333,6 +356,19 @@ class Trace:
         results = [self._write_tensor[k] for k in self.writes] + ([None] if self.checks else [])
         line = user_line() if self.checks else ""
         _C._record_fragment(fid, [self._param_tensor[k] for k in self._params], fs, is_, results, line)
+
+
+class _WithOut:
+    """A Trace seen with other output metadata (Trace.with_out); everything else is the Trace's own."""
+
+    def __init__(self, tr, out):
+        self._tr, self.out = tr, out
+
+    def with_out(self, out):
+        return _WithOut(self._tr, out)
+
+    def __getattr__(self, name):
+        return getattr(self._tr, name)
 
 
 def _fn_function(self, name, params, results):

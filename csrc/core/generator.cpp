@@ -55,10 +55,28 @@ c10::intrusive_ptr<c10::TensorImpl> TpuGeneratorImpl::get_state() const {
   return t.getIntrusivePtr();
 }
 
+namespace {
+std::mutex g_log_mu;
+std::vector<PhiloxAdvance>* g_log = nullptr;
+}  // namespace
+
+void set_philox_log(std::vector<PhiloxAdvance>* log) {
+  std::lock_guard<std::mutex> lk(g_log_mu);
+  g_log = log;
+}
+
 std::pair<uint64_t, uint64_t> TpuGeneratorImpl::philox_advance(uint64_t increment) {
-  std::lock_guard<std::mutex> lk(mutex_);
-  auto out = std::make_pair(seed_, offset_);
-  offset_ += increment;
+  std::pair<uint64_t, uint64_t> out;
+  {
+    std::lock_guard<std::mutex> lk(mutex_);
+    out = std::make_pair(seed_, offset_);
+    offset_ += increment;
+  }
+  std::lock_guard<std::mutex> lk(g_log_mu);
+  if (g_log != nullptr) {
+    g_log->push_back({at::Generator(c10::intrusive_ptr<c10::GeneratorImpl>::reclaim_copy(this)), out.first,
+                      out.second, increment});
+  }
   return out;
 }
 

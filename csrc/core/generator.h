@@ -5,6 +5,7 @@
 #include <c10/core/GeneratorImpl.h>
 
 #include <utility>
+#include <vector>
 
 namespace torchtpu {
 
@@ -29,5 +30,13 @@ struct TpuGeneratorImpl : public c10::GeneratorImpl {
 };
 
 const at::Generator& default_generator(c10::DeviceIndex idx);
+
+// While a compiled graph is captured, every advance is logged: each run of the program then draws fresh states
+// from the same generators by the same increments, in the same order as op-by-op execution does.
+struct PhiloxAdvance {
+  at::Generator generator;
+  uint64_t seed, offset, increment;
+};
+void set_philox_log(std::vector<PhiloxAdvance>* log);  // nullptr: stop logging
 
 }  // namespace torchtpu

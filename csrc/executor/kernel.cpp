@@ -1,5 +1,6 @@
 // The boxed kernel of every op with a lowering rule: signature -> table -> record (and launch).
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/op_registration/op_registration.h>
 #include <c10/core/DeviceGuard.h>
@@ -33,6 +34,7 @@ enum class ArgKind : uint8_t { kTensor, kTensorList, kOptTensorList, kNumber, kN
 
 struct OpInfo {
   std::string name;  // overload name as the rules know it, e.g. "add.Tensor"
+  bool is_copy = false;  // copy_: host -> tpu copies take the upload path
   std::vector<ArgKind> kinds;
   std::vector<bool> written;  // the op writes the argument (in-place self, out=)
   size_t nargs = 0;
@@ -67,6 +69,7 @@ OpInfo* op_info_slow(const c10::FunctionSchema* schema) {
   info->name = schema->name().substr(schema->name().find("::") + 2);
   if (!schema->overload_name().empty()) info->name += "." + schema->overload_name();
   info->nargs = schema->arguments().size();
+  info->is_copy = info->name == "copy_";
   for (const auto& a : schema->arguments()) {
     c10::TypePtr t = a.type();
     bool optional = false;
@@ -480,21 +483,7 @@ bool record_entry(const Entry& e, const Sig& sig, torch::jit::Stack* stack, size
       pack_scalar(f, s, e.scalar_params[s], *stack, base, device, *node);
     }
     node->line = line;
-    for (int32_t k : e.storage_params) {
-      StorageHandle* h = handle_of(sig.storages[k]);
-      h->resolve();
-      ValueRef ref;
-      if (h->state == StorageHandle::State::kBuffer) {
-        ref.leaf = h->buffer;
-      } else if (h->state == StorageHandle::State::kPending) {
-        ref.node = h->node;
-        ref.index = h->index;
-      } else {
-        TORCH_CHECK(h->state != StorageHandle::State::kFailed, *h->error);
-        TORCH_INTERNAL_ASSERT(false, "tpu: ", f.label, " reads a storage that holds no value");
-      }
-      node->inputs.push_back(std::move(ref));
-    }
+    for (int32_t k : e.storage_params) node->inputs.push_back(value_ref(handle_of(sig.storages[k]), f.label));
     for (size_t r = 0; r < e.results.size(); ++r) {
       const auto& t = e.results[r];
       StorageHandle* h = t.storage >= 0  ? handle_of(sig.storages[t.storage])
@@ -540,10 +529,50 @@ void push_results(const Entry& e, const OpInfo& info, torch::jit::Stack* stack, 
 }
 
 // One op: signature -> table -> record -> (strict, debug) launch. The hit path takes exec_mutex once.
+bool covers_storage(const at::Tensor& t) {
+  return t.storage_offset() == 0 && t.is_contiguous() &&
+         static_cast<size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
+}
+
+// copy_ from the host into a tpu tensor: the values converted on the CPU (dtype, broadcast, conj/neg bits), one
+// transfer into a new device buffer (jaxlib's C++ device_put), which becomes the storage's value when the tensor
+// covers it, else is written through the view by a tpu -> tpu copy_.
+void upload(const at::Tensor& self, const at::Tensor& src) {
+  at::Tensor host = src.resolve_conj().resolve_neg().to(self.scalar_type()).expand(self.sizes());
+  if (self.is_conj()) host = host.conj_physical();
+  if (self.is_neg()) host = host.neg();
+  host = host.contiguous();
+  const c10::DeviceIndex device = self.device().index();
+  graph_counters().h2d_transfers += 1;
+  graph_counters().h2d_bytes += static_cast<int64_t>(host.nbytes());
+  if (covers_storage(self)) {
+    set_storage_buffer(self, runtime::upload(host, device), self.scalar_type(), self.sizes().vec());
+  } else {
+    const c10::DeviceGuard guard(self.device());
+    at::Tensor tmp = at::detail::empty_strided_generic(self.sizes(), host.strides(), tpu_allocator(), kTpuKeys,
+                                                       self.scalar_type());
+    set_storage_buffer(tmp, runtime::upload(host, device), self.scalar_type(), self.sizes().vec());
+    self.copy_(tmp);
+  }
+}
+
 void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   OpInfo* info = op_info(op);
   info->count += 1;
   g_ops_total += 1;
+  if (info->is_copy) {
+    const size_t b = stack->size() - info->nargs;
+    const at::Tensor& self = (*stack)[b].toTensor();
+    const at::Tensor& src = (*stack)[b + 1].toTensor();
+    if (self.device().is_privateuseone() && src.device().is_cpu() && self.numel() > 0 &&
+        src.dim() <= self.dim() && at::is_expandable_to(src.sizes(), self.sizes())) {
+      upload(self, src);
+      at::Tensor out = self;
+      torch::jit::drop(*stack, info->nargs);
+      stack->emplace_back(std::move(out));
+      return;
+    }
+  }
   thread_local Sig sig;  // reused: its buffers keep their capacity
   const size_t base = stack->size() - info->nargs;
   const Mode mode = get_mode();
@@ -701,13 +730,19 @@ void record_fragment(int32_t fid, const std::vector<at::Tensor>& storage_params,
 _object* storage_buffer(const at::Tensor& t, int cause) {
   StorageHandle* h = handle_of(t.storage());
   if (h == nullptr) return nullptr;
-  bool pending;
+  NodePtr target;
   {
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
     h->resolve();
-    pending = h->state == StorageHandle::State::kPending;
+    if (h->state == StorageHandle::State::kPending) target = h->node;
   }
-  if (pending) cut(h->device, static_cast<CutCause>(cause));
+  // A host read is a cut point: what it needs launches first, the rest right after (or alone, when the value is
+  // there already), so the steps of a loop are cut alike whatever the repeated-structure rule did before.
+  if (target) {
+    cut_for_read(h->device, target.get(), static_cast<CutCause>(cause));
+  } else if (get_mode() == Mode::kFused) {
+    cut(h->device, static_cast<CutCause>(cause));
+  }
   std::lock_guard<std::recursive_mutex> lk(exec_mutex());
   h->resolve();
   switch (h->state) {
@@ -786,7 +821,7 @@ void reset_counters() {
   auto& gc = graph_counters();
   gc.chunks = gc.chunk_ops = gc.chunk_ops_max = gc.chunk_cache_hits = gc.chunk_cache_misses = 0;
   gc.chunk_cache_evictions = 0;
-  gc.donated_buffers = gc.donated_bytes = gc.failed_chunks = gc.dead_ops = 0;
+  gc.donated_buffers = gc.donated_bytes = gc.failed_chunks = gc.dead_ops = gc.h2d_transfers = gc.h2d_bytes = 0;
   for (auto& c : gc.cuts) c = 0;
 }
 

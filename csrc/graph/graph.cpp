@@ -3,12 +3,17 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <list>
+#include <unordered_set>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
 
+#include "graph/chunk.h"
 #include "graph/fragment.h"
 #include "runtime/runtime.h"
 
@@ -78,6 +83,11 @@ DeviceGraph g_graphs[kMaxDevices];
 std::recursive_mutex g_cut_mu;
 GraphCounters g_counters;
 int64_t g_max_ops = 4096;
+struct CaptureFlags {
+  bool on = false;
+  bool broken = false;
+};
+CaptureFlags g_capture[kMaxDevices];
 int64_t g_repeat_min_ops = 256;
 constexpr int64_t kMinPeriod = 8;
 
@@ -121,19 +131,6 @@ uint64_t node_hash(const Node& n) {
   return h;
 }
 
-// -- building a chunk -------------------------------------------------------------------------------------
-struct Chunk {
-  c10::DeviceIndex device = 0;
-  std::vector<NodePtr> nodes;
-  std::vector<BufferPtr> leaves;
-  std::vector<bool> donated;
-  // per node, per input: (leaf index, -1) or (-1, local node index) and the result index
-  std::vector<c10::SmallVector<std::array<int32_t, 3>, 4>> wiring;
-  std::vector<std::pair<int32_t, int32_t>> outputs;  // (local node, result)
-  std::string key;
-  std::string failure;  // an input's producer failed: the chunk is not launched
-};
-
 void append_int(std::string& key, int64_t v) {
   if (v >= -64 && v < 64) {  // most values are small: one byte
     key.push_back(static_cast<char>(v + 64));
@@ -143,25 +140,26 @@ void append_int(std::string& key, int64_t v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
-// Detaches the first `count` pending nodes of the device into a chunk. Caller holds exec_mutex().
-Chunk detach(c10::DeviceIndex device, size_t count) {
+// Detaches pending nodes of the device into a chunk: the first `count`, or those `selected` marks (in record
+// order). Caller holds exec_mutex().
+Chunk detach(c10::DeviceIndex device, size_t count, const std::vector<bool>* selected = nullptr) {
   DeviceGraph& g = g_graphs[device];
   Chunk c;
   c.device = device;
-  const int64_t first = g.base;
-  const int64_t end = g.base + static_cast<int64_t>(count);
-  if (count == g.nodes.size()) {
+  if (selected != nullptr) {
+    std::vector<NodePtr> rest;
+    for (size_t i = 0; i < g.nodes.size(); ++i) ((*selected)[i] ? c.nodes : rest).push_back(std::move(g.nodes[i]));
+    g.nodes.swap(rest);
+  } else if (count == g.nodes.size()) {
     c.nodes.swap(g.nodes);
   } else {
     c.nodes.assign(g.nodes.begin(), g.nodes.begin() + count);
     g.nodes.erase(g.nodes.begin(), g.nodes.begin() + count);
   }
-  g.base = end;
-  // a node of this chunk: pending, recorded between first and end
+  for (size_t j = 0; j < c.nodes.size(); ++j) c.nodes[j]->chunk_pos = static_cast<int32_t>(j);
+  // a node of this chunk (the positions are cleared before detach returns)
   auto local_index = [&](const Node* n) -> int32_t {
-    return n->state == Node::State::kPending && n->device == device && n->seq >= first && n->seq < end
-               ? static_cast<int32_t>(n->seq - first)
-               : -1;
+    return n->state == Node::State::kPending && n->device == device ? n->chunk_pos : -1;
   };
   std::unordered_map<const DeviceBuffer*, int32_t> leaf_index;
   std::vector<int64_t> leaf_refs;
@@ -258,6 +256,7 @@ Chunk detach(c10::DeviceIndex device, size_t count) {
       append_int(c.key, static_cast<int64_t>(li));
     }
   }
+  for (auto& n : c.nodes) n->chunk_pos = -1;
   return c;
 }
 
@@ -273,39 +272,77 @@ std::string slice1(const std::string& out, const char* pack, int64_t n_pack, con
   return s.str();
 }
 
-// The chunk's module: @main calls each node's fragment, with the scalars unpacked from the two vectors.
-std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
-  std::ostringstream body, funcs;
+std::string pack_value(double v) {
+  char buf[40];
+  if (std::isfinite(v)) {
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    std::string s(buf);
+    if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+    return s;
+  }
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  std::snprintf(buf, sizeof(buf), "0x%016llX", static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+// A slice of length `len` of a scalar pack at `at`; baked, a constant with the node's own values instead.
+std::string pack_slice(const std::string& out, const char* pack, int64_t n_pack, const char* elem, int64_t at,
+                       int64_t len, const Node* baked, bool is_float, int64_t node_at) {
+  if (baked == nullptr) return slice1(out, pack, n_pack, elem, at, len);
+  std::ostringstream s;
+  s << out << " = \"stablehlo.constant\"() {value = dense<[";
+  for (int64_t k = 0; k < len; ++k) {
+    s << (k ? ", " : "");
+    if (is_float) {
+      s << pack_value(baked->fscalars[node_at + k]);
+    } else {
+      s << baked->iscalars[node_at + k];
+    }
+  }
+  s << "]> : tensor<" << len << "x" << elem << ">} : () -> tensor<" << len << "x" << elem << ">";
+  return s.str();
+}
+
+}  // namespace
+
+std::string ChunkBody::value(const Chunk& c, int32_t node, int32_t result) const {
+  const Fragment& f = *c.nodes[node]->frag;
+  return f.results.size() == 1 ? names[node] : names[node] + "#" + std::to_string(result);
+}
+
+// The calls of a chunk's nodes. Scalars come from the packs %pf/%pi, or (baked: a captured program) are the
+// nodes' own values as constants, with the random-number states from the program's parameters %r<k>.
+ChunkBody chunk_body(const Chunk& c, int64_t nf, int64_t ni, bool baked) {
+  ChunkBody out;
+  std::ostringstream body;
   std::unordered_map<std::string, bool> emitted;
-  std::vector<std::string> names(c.nodes.size());
+  out.names.resize(c.nodes.size());
   int64_t fo = 0, io = 0;
   for (size_t j = 0; j < c.nodes.size(); ++j) {
     const Fragment& f = *c.nodes[j]->frag;
+    const Node* bake = baked ? c.nodes[j].get() : nullptr;
+    int64_t nfo = 0, nio = 0;  // offsets into the node's own scalars
     if (!emitted.count(f.name)) {
       emitted[f.name] = true;
-      funcs << "  " << f.text << "\n";
+      out.funcs.emplace_back(f.name, f.text);
       for (const auto& d : f.deps) {
         if (!emitted.count(d.first)) {
           emitted[d.first] = true;
-          funcs << "  " << d.second << "\n";
+          out.funcs.push_back(d);
         }
       }
     }
     std::vector<std::string> args;
     for (const auto& w : c.wiring[j]) {
-      if (w[0] >= 0) {
-        args.push_back("%l" + std::to_string(w[0]));
-      } else {
-        const Fragment& src = *c.nodes[w[1]]->frag;
-        args.push_back(src.results.size() == 1 ? names[w[1]] : names[w[1]] + "#" + std::to_string(w[2]));
-      }
+      args.push_back(w[0] >= 0 ? "%l" + std::to_string(w[0]) : out.value(c, w[1], w[2]));
     }
     for (size_t s = 0; s < f.scalars.size(); ++s) {
       const auto& sp = f.scalars[s];
       const std::string v = "%n" + std::to_string(j) + "s" + std::to_string(s);
       switch (sp.kind) {
         case ScalarKind::kFloat: {
-          body << "    " << slice1(v + "a", kPackF, nf, "f64", fo, 1) << "\n";
+          body << "    " << pack_slice(v + "a", kPackF, nf, "f64", fo, 1, bake, true, nfo) << "\n";
           body << "    " << v << "b = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xf64>) -> tensor<f64>\n";
           std::string cur = v + "b";
           if (sp.type == "tensor<bf16>" || sp.type == "tensor<f16>") {  // as c10: double -> float -> half
@@ -318,11 +355,12 @@ std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
             body << "    " << v << " = \"stablehlo.convert\"(" << cur << ") : (tensor<f64>) -> " << sp.type << "\n";
           }
           fo += 1;
+          nfo += 1;
           break;
         }
         case ScalarKind::kComplex: {
-          body << "    " << slice1(v + "a", kPackF, nf, "f64", fo, 1) << "\n";
-          body << "    " << slice1(v + "b", kPackF, nf, "f64", fo + 1, 1) << "\n";
+          body << "    " << pack_slice(v + "a", kPackF, nf, "f64", fo, 1, bake, true, nfo) << "\n";
+          body << "    " << pack_slice(v + "b", kPackF, nf, "f64", fo + 1, 1, bake, true, nfo + 1) << "\n";
           body << "    " << v << "c = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xf64>) -> tensor<f64>\n";
           body << "    " << v << "d = \"stablehlo.reshape\"(" << v << "b) : (tensor<1xf64>) -> tensor<f64>\n";
           body << "    " << v << "e = \"stablehlo.complex\"(" << v << "c, " << v
@@ -335,11 +373,12 @@ std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
                  << "\n";
           }
           fo += 2;
+          nfo += 2;
           break;
         }
         case ScalarKind::kInt:
         case ScalarKind::kBool: {
-          body << "    " << slice1(v + "a", kPackI, ni, "i64", io, 1) << "\n";
+          body << "    " << pack_slice(v + "a", kPackI, ni, "i64", io, 1, bake, false, nio) << "\n";
           body << "    " << v << "b = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xi64>) -> tensor<i64>\n";
           if (sp.kind == ScalarKind::kBool) {
             body << "    " << v << "z = \"stablehlo.constant\"() {value = dense<0> : tensor<i64>} : () -> tensor<i64>\n";
@@ -354,30 +393,48 @@ std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
             body << "    " << v << " = \"stablehlo.convert\"(" << v << "b) : (tensor<i64>) -> " << sp.type << "\n";
           }
           io += 1;
+          nio += 1;
           break;
         }
         case ScalarKind::kRng: {
-          body << "    " << slice1(v + "a", kPackI, ni, "i64", io, 2) << "\n";
-          body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << v << "a) : (tensor<2xi64>) -> " << sp.type
-               << "\n";
+          if (baked) {  // the program's own parameter: fresh states each run
+            const std::string r = "%r" + std::to_string(out.rng_types.size());
+            out.rng_types.push_back(sp.type);
+            body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << r << ") : (" << sp.type << ") -> "
+                 << sp.type << "\n";
+          } else {
+            body << "    " << slice1(v + "a", kPackI, ni, "i64", io, 2) << "\n";
+            body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << v << "a) : (tensor<2xi64>) -> " << sp.type
+                 << "\n";
+          }
           io += 2;
+          nio += 2;
           break;
         }
       }
       args.push_back(v);
     }
-    names[j] = "%n" + std::to_string(j);
+    out.names[j] = "%n" + std::to_string(j);
     std::string in_types, out_types;
     for (size_t k = 0; k < f.param_types.size(); ++k) in_types += (k ? ", " : "") + f.param_types[k];
     for (size_t k = 0; k < f.scalars.size(); ++k)
       in_types += (f.param_types.empty() && k == 0 ? "" : ", ") + f.scalars[k].type;
     for (size_t k = 0; k < f.result_types.size(); ++k) out_types += (k ? ", " : "") + f.result_types[k];
-    body << "    " << names[j] << (f.results.size() == 1 ? "" : ":" + std::to_string(f.results.size()))
+    body << "    " << out.names[j] << (f.results.size() == 1 ? "" : ":" + std::to_string(f.results.size()))
          << " = \"func.call\"(";
     for (size_t k = 0; k < args.size(); ++k) body << (k ? ", " : "") << args[k];
     body << ") {callee = @" << f.name << "} : (" << in_types << ") -> "
          << (f.results.size() == 1 ? out_types : "(" + out_types + ")") << "\n";
   }
+  out.calls = body.str();
+  return out;
+}
+
+namespace {
+
+// The chunk's module: @main calls each node's fragment, with the scalars unpacked from the two vectors.
+std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
+  const ChunkBody b = chunk_body(c, nf, ni, false);
   std::ostringstream m;
   m << "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n";
   m << "  func.func public @main(";
@@ -398,14 +455,13 @@ std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
   std::string ret_names, ret_types;
   for (size_t k = 0; k < c.outputs.size(); ++k) {
     const auto& o = c.outputs[k];
-    const Fragment& f = *c.nodes[o.first]->frag;
-    ret_names += (k ? ", " : "") +
-                 (f.results.size() == 1 ? names[o.first] : names[o.first] + "#" + std::to_string(o.second));
-    ret_types += (k ? ", " : "") + f.result_types[o.second];
+    ret_names += (k ? ", " : "") + b.value(c, o.first, o.second);
+    ret_types += (k ? ", " : "") + c.nodes[o.first]->frag->result_types[o.second];
   }
-  m << ") -> (" << ret_types << ") {\n" << body.str();
+  m << ") -> (" << ret_types << ") {\n" << b.calls;
   m << "    \"func.return\"(" << ret_names << ") : (" << ret_types << ") -> ()\n  }\n";
-  m << funcs.str() << "}\n";
+  for (const auto& fn : b.funcs) m << "  " << fn.second << "\n";
+  m << "}\n";
   return m.str();
 }
 
@@ -582,6 +638,21 @@ void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops) {
   g_repeat_min_ops = repeat_min_ops;
 }
 
+ValueRef value_ref(StorageHandle* h, const std::string& reader) {
+  h->resolve();
+  ValueRef ref;
+  if (h->state == StorageHandle::State::kBuffer) {
+    ref.leaf = h->buffer;
+  } else if (h->state == StorageHandle::State::kPending) {
+    ref.node = h->node;
+    ref.index = h->index;
+  } else {
+    TORCH_CHECK(h->state != StorageHandle::State::kFailed, *h->error);
+    TORCH_INTERNAL_ASSERT(false, "tpu: ", reader, " reads a storage that holds no value");
+  }
+  return ref;
+}
+
 bool value_type(StorageHandle* h, ValueType* out) {
   h->resolve();
   if (h->state == StorageHandle::State::kBuffer) {
@@ -600,7 +671,7 @@ bool record(const NodePtr& node, bool fused) {
   if (g.nodes.empty()) g.base = g.next_seq;
   node->seq = g.next_seq++;
   g.nodes.push_back(node);
-  if (!fused) return false;
+  if (!fused || g_capture[node->device].on) return false;
   const int64_t i = static_cast<int64_t>(g.nodes.size()) - 1;
   if (g_repeat_min_ops > 0) {
     g.repeat.push(node_hash(*node), kMinPeriod);
@@ -645,6 +716,7 @@ void cut(c10::DeviceIndex device, CutCause cause, bool wait) {
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
     DeviceGraph& g = g_graphs[device];
     if (g.nodes.empty()) return;
+    if (g_capture[device].on) g_capture[device].broken = true;
     size_t count = g.nodes.size();
     if (cause == CutCause::kRepeat && g.repeat_cut > 0 && static_cast<size_t>(g.repeat_cut) < count) {
       count = static_cast<size_t>(g.repeat_cut);
@@ -662,6 +734,45 @@ void cut(c10::DeviceIndex device, CutCause cause, bool wait) {
   launch_chunk(c, cause, wait);
 }
 
+void cut_for_read(c10::DeviceIndex device, const Node* target, CutCause cause) {
+  std::lock_guard<std::recursive_mutex> cut_lock(g_cut_mu);
+  Chunk a, b;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    DeviceGraph& g = g_graphs[device];
+    if (g.nodes.empty()) return;
+    if (g_capture[device].on) g_capture[device].broken = true;
+    // what the read needs: the target and its pending ancestors (found walking back in record order)
+    std::unordered_set<const Node*> needed{target};
+    std::vector<bool> selected(g.nodes.size(), false);
+    size_t n_selected = 0;
+    for (size_t i = g.nodes.size(); i-- > 0;) {
+      const Node* n = g.nodes[i].get();
+      if (!needed.count(n)) continue;
+      selected[i] = true;
+      ++n_selected;
+      for (const auto& in : n->inputs) {
+        if (in.node && in.node->state == Node::State::kPending) needed.insert(in.node.get());
+      }
+    }
+    if (n_selected == 0 || n_selected == g.nodes.size()) {
+      a = detach(device, g.nodes.size());
+    } else {
+      a = detach(device, 0, &selected);  // its outputs include what the rest reads
+    }
+    g.repeat.clear();
+    g.repeat_cut = 0;
+  }
+  // The read waits for the first chunk only; the rest runs meanwhile, as the host records on.
+  launch_chunk(a, cause, false);
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    DeviceGraph& g = g_graphs[device];
+    if (!g.nodes.empty()) b = detach(device, g.nodes.size());
+  }
+  launch_chunk(b, cause, false);
+}
+
 void cut_all(CutCause cause) {
   for (int d = 0; d < kMaxDevices; ++d) {
     bool any;
@@ -677,5 +788,28 @@ void wait_device(c10::DeviceIndex device) {
   std::lock_guard<std::recursive_mutex> cut_lock(g_cut_mu);
   runtime::wait_all(device);
 }
+
+std::recursive_mutex& cut_mutex() { return g_cut_mu; }
+
+void set_capturing(c10::DeviceIndex device, bool on) {
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  g_capture[device].on = on;
+  g_capture[device].broken = false;
+}
+
+bool capture_broken(c10::DeviceIndex device) {
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  return g_capture[device].broken;
+}
+
+Chunk detach_all(c10::DeviceIndex device) {
+  DeviceGraph& g = g_graphs[device];
+  Chunk c = detach(device, g.nodes.size());
+  g.repeat.clear();
+  g.repeat_cut = 0;
+  return c;
+}
+
+void launch_detached(Chunk& c, CutCause cause) { launch_chunk(c, cause, false); }
 
 }  // namespace torchtpu

@@ -32,12 +32,24 @@ bool record(const NodePtr& node, bool fused);
 // with exec_mutex() held. Throws the chunk's failure.
 void cut(c10::DeviceIndex device, CutCause cause, bool wait = false);
 void cut_all(CutCause cause);
+// A host read of `target`'s result: launches its pending ancestors as one chunk, then everything else pending as
+// another, so that the read waits for what it needs while the rest runs (the next step records meanwhile).
+void cut_for_read(c10::DeviceIndex device, const Node* target, CutCause cause);
 size_t pending_ops(c10::DeviceIndex device);
 std::vector<uint64_t> pending_hashes(c10::DeviceIndex device);
 std::vector<std::string> pending_describe(c10::DeviceIndex device);  // the repeated-structure rule's window (tests)
 
+// What a node reading the storage takes: its buffer, or the pending result; raises the producer's failure.
+// `reader` names the op for the error of a storage that holds no value. Caller holds exec_mutex().
+ValueRef value_ref(StorageHandle* h, const std::string& reader);
+
 // The type of a storage's value (its buffer's, or the pending result's); false when it holds none.
 bool value_type(StorageHandle* h, ValueType* out);
+
+// Compiled graphs (capture.cpp): while a device captures, the fused-mode policies never cut, and any cut (a host
+// read, a sync) breaks the capture.
+void set_capturing(c10::DeviceIndex device, bool on);
+bool capture_broken(c10::DeviceIndex device);
 
 // Waits for every chunk launched so far on the device.
 void wait_device(c10::DeviceIndex device);
@@ -52,7 +64,9 @@ struct GraphCounters {
   std::atomic<int64_t> donated_buffers{0};
   std::atomic<int64_t> donated_bytes{0};
   std::atomic<int64_t> failed_chunks{0};
-  std::atomic<int64_t> dead_ops{0};  // recorded, then found unneeded at the cut: never run
+  std::atomic<int64_t> dead_ops{0};
+  std::atomic<int64_t> h2d_transfers{0};
+  std::atomic<int64_t> h2d_bytes{0};  // recorded, then found unneeded at the cut: never run
   std::array<std::atomic<int64_t>, static_cast<int>(CutCause::kCount)> cuts{};
 };
 GraphCounters& graph_counters();

@@ -26,6 +26,7 @@ struct Node : c10::intrusive_ptr_target {
   c10::DeviceIndex device = 0;
   State state = State::kPending;
   int64_t seq = -1;                  // its position among its device's recorded nodes
+  int32_t chunk_pos = -1;            // while a cut detaches its chunk: the node's index in it
   c10::SmallVector<ValueRef, 4> inputs;    // storage parameters, in the fragment's order
   c10::SmallVector<double, 2> fscalars;    // float/complex runtime scalars, in the fragment's order
   c10::SmallVector<int64_t, 2> iscalars;   // integer/bool scalars and random-number states

@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
+#include <unordered_map>
 
 #include "graph/fragment.h"
 #include "runtime/python.h"
@@ -23,7 +24,7 @@ namespace {
 // Python callables set by torchtpu at import (torchtpu/_dispatch.py). Leaked on purpose: they must outlive
 // every kernel call, interpreter shutdown included.
 struct Callbacks {
-  py::object lower, python_kernel, compile_chunk, submit_checks, user_line, wait_all;
+  py::object lower, python_kernel, compile_chunk, submit_checks, user_line, wait_all, device_put_args;
 };
 Callbacks* g_cb = nullptr;
 
@@ -121,6 +122,7 @@ void set_callbacks(py::dict d) {
   c->submit_checks = d["submit_checks"];
   c->user_line = d["user_line"];
   c->wait_all = d["wait_all"];
+  c->device_put_args = d["device_put_args"];
   g_cb = c;
 }
 
@@ -212,6 +214,36 @@ std::vector<_object*> launch(_object* launcher, const std::vector<_object*>& lea
   }
   Py_DECREF(seq);
   return out;
+}
+
+_object* upload(const at::Tensor& host, c10::DeviceIndex device) {
+  py::gil_scoped_acquire gil;
+  release_queued_locked_gil();
+  // (batched_device_put, aval, sharding, device) per (device, shape, dtype), from Python once
+  static std::unordered_map<std::string, py::tuple>* args = new std::unordered_map<std::string, py::tuple>();
+  std::string key(reinterpret_cast<const char*>(&device), sizeof(device));
+  const auto st = host.scalar_type();
+  key.append(reinterpret_cast<const char*>(&st), sizeof(st));
+  for (auto d : host.sizes()) key.append(reinterpret_cast<const char*>(&d), sizeof(d));
+  auto it = args->find(key);
+  if (it == args->end()) {
+    it = args->emplace(key, cb().device_put_args(py::tuple(py::cast(host.sizes().vec())), py::cast(st),
+                                                 static_cast<int>(device)).cast<py::tuple>()).first;
+  }
+  const py::tuple& a = it->second;  // (batched_device_put, aval, sharding, [device], numpy dtype)
+  // a numpy array that owns a copy of the bytes (jaxlib may alias what it is given)
+  std::vector<npy_intp> dims(host.sizes().begin(), host.sizes().end());
+  PyArray_Descr* descr = reinterpret_cast<PyArray_Descr*>(a[4].ptr());
+  Py_INCREF(descr);
+  PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, descr, static_cast<int>(dims.size()), dims.data(), nullptr,
+                                       nullptr, 0, nullptr);
+  if (arr == nullptr) throw py::error_already_set();
+  py::object np_arr = py::reinterpret_steal<py::object>(arr);
+  std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr)), host.const_data_ptr(), host.nbytes());
+  py::list xs;
+  xs.append(np_arr);
+  py::object out = a[0](a[1], a[2], xs, a[3], true);
+  return out.release().ptr();
 }
 
 void wait(const std::vector<_object*>& arrays) {

@@ -1,6 +1,7 @@
 #pragma once
 // The runtime boundary: the only code that touches Python objects (jax Arrays, the Python lowering rules, the
 // jaxlib launchers). Every function here takes the GIL itself; callers must not hold exec_mutex().
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/Device.h>
@@ -42,6 +43,9 @@ _object* compile_chunk(const std::string& text, c10::DeviceIndex device, const s
 // Runs a launcher; returns new references to the results. Throws c10::Error with Python's message.
 std::vector<_object*> launch(_object* launcher, const std::vector<_object*>& leaves,
                              const std::vector<double>& fscalars, const std::vector<int64_t>& iscalars);
+
+// A new device buffer holding a contiguous CPU tensor's values (one copy, jaxlib's C++ device_put). New ref.
+_object* upload(const at::Tensor& host, c10::DeviceIndex device);
 
 // Waits for arrays (debug mode); throws with the failure.
 void wait(const std::vector<_object*>& arrays);

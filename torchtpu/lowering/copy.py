@@ -50,7 +50,7 @@ def _write_buffer(dst: torch.Tensor, buf) -> None:
 def copy_rule(tr, self, src, non_blocking=False):
     """tpu -> tpu on one device (the C++ path): src in self's dtype and shape; under self's conj/neg bit, what
     self's storage holds for those values."""
-    dst = tr.source[id(self)]
+    dst = tr.arg_of(self)
     return _stored(E.broadcast_to(E.convert(src, dst.dtype), tuple(dst.shape)), dst)
 
 

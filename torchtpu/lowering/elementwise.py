@@ -121,7 +121,7 @@ def _half_in_f32(rule):
         if dt not in (torch.float16, torch.bfloat16):
             return rule(tr, *args, **kwargs)
         up = [E.convert(a, torch.float32) if isinstance(a, E.Value) else a for a in args]
-        return E.convert(rule(_Retyped(tr, torch.float32), *up, **kwargs), dt)
+        return E.convert(rule(tr.with_out(torch.empty((), dtype=torch.float32, device="meta")), *up, **kwargs), dt)
 
     return wrapped
 
@@ -209,16 +209,6 @@ def div(tr, a, b, rounding_mode=None):
 
 def _trunc(q):
     return E.select(E.compare(q, E.const(q.fn, 0, q.dtype), "LT"), E.unary("ceil", q), E.unary("floor", q))
-
-
-class _Retyped:
-    """A Trace stand-in whose output dtype is `dtype` (to reuse a rule at a wider precision)."""
-
-    def __init__(self, tr, dtype):
-        self._tr, self.out = tr, torch.empty((), dtype=dtype, device="meta")
-
-    def __getattr__(self, name):
-        return getattr(self._tr, name)
 
 
 def _floor_div_float(a, b):

@@ -21,14 +21,10 @@ def _element_rule(base, ov):
 
 def _foreach_rule(elem_name, elem_rule, list_positions):
     def rule(tr, *args, **kwargs):
-        metas = tr.out
-        n = len(args[0])
         outs = []
-        for i in range(n):
+        for i in range(len(args[0])):
             el_args = [a[i] if p in list_positions else a for p, a in enumerate(args)]
-            tr.out = metas[i]
-            outs.append(elem_rule(tr, *el_args, **kwargs))
-        tr.out = metas
+            outs.append(elem_rule(tr.with_out(tr.out[i]), *el_args, **kwargs))
         return tuple(outs)
 
     rule.__name__ = f"foreach[{elem_name}]"

@@ -235,7 +235,7 @@ def det(tr, a):
 
 def _lu_of_transpose(tr, a):
     """CPU's det and slogdet factor A^T when A is contiguous and real (their backward checks the same)."""
-    t = tr.source.get(id(a))
+    t = tr.arg_of(a)
     return t is not None and t.is_contiguous() and not t.is_complex()
 
 

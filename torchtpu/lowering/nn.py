@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import emit as E
-from ..tables import lowering, out_meta as _meta
+from ..tables import META, lowering, out_meta as _meta
 from .elementwise import _erf
 from .elementwise import _half_in_f32 as _in_acc  # activation rules: halves computed in float32, rounded once
 from .reduction import reduce
@@ -312,11 +312,11 @@ def native_batch_norm(tr, x, weight, bias, running_mean, running_var, training, 
         keep = E.sub(E.const(x.fn, 1, acc), mom)
         if running_mean is not None:
             rm = E.add(E.mul(E.convert(running_mean, acc), keep), E.mul(mean, mom))
-            tr.write(tr.source[id(running_mean)], rm)
+            tr.update(running_mean, rm)
         if running_var is not None:
             unbiased = E.mul(var, E.const(x.fn, n / max(n - 1, 1), acc, (c,)))
             rv = E.add(E.mul(E.convert(running_var, acc), keep), E.mul(unbiased, mom))
-            tr.write(tr.source[id(running_var)], rv)
+            tr.update(running_var, rv)
     else:
         mean, var = E.convert(running_mean, acc), E.convert(running_var, acc)
         d = E.sub(xv, stat(mean))
@@ -326,11 +326,8 @@ def native_batch_norm(tr, x, weight, bias, running_mean, running_var, training, 
         y = E.mul(y, stat(E.convert(weight, acc)))
     if bias is not None:
         y = E.add(y, stat(E.convert(bias, acc)))
-    # NOTE: CPU is the oracle where the meta kernel differs: saved statistics take the parameters' dtype
-    # (the input's without weight) and are empty in eval mode.
-    sdt = weight.dtype if weight is not None else dt
+    sdt = weight.dtype if weight is not None else dt  # (see _batch_norm_meta)
     shape = (c,) if training else (0,)
-    tr.out = (_meta(tr, 0), torch.empty(shape, dtype=sdt, device="meta"), torch.empty(shape, dtype=sdt, device="meta"))
     if not training:
         return E.convert(y, dt), E.const(x.fn, 0, sdt, shape), E.const(x.fn, 0, sdt, shape)
     return E.convert(y, dt), E.convert(mean, sdt), E.convert(invstd, sdt)
@@ -385,8 +382,34 @@ def native_batch_norm_backward(tr, grad, x, weight, running_mean, running_var, s
 
 def _with_reserve(tr, outs):
     """The new batch-norm API's 4th output: an empty uint8 reserve (used by cudnn/miopen only)."""
-    tr.out = (*tr.out, torch.empty((0,), dtype=torch.uint8, device="meta"))
     return (*outs, E.const(tr.fn, 0, torch.uint8, (0,)))
+
+
+def _batch_norm_meta(op_name, training_arg):
+    """CPU is the oracle where the meta kernel differs: batch norm's saved statistics take the parameters'
+    dtype (the input's without weight) and are empty in eval mode."""
+    op = getattr(torch.ops.aten, op_name.split(".")[0])
+    op = getattr(op, op_name.split(".")[1] if "." in op_name else "default")
+
+    def meta(*args, **kwargs):
+        outs = list(op(*args, **kwargs))
+        x, weight = args[0], args[1]
+        training = training_arg(args, kwargs)
+        c = x.shape[1] if x.dim() > 1 else 1
+        sdt = weight.dtype if weight is not None else x.dtype
+        shape = (c,) if training else (0,)
+        outs[1] = torch.empty(shape, dtype=sdt, device="meta")
+        outs[2] = torch.empty(shape, dtype=sdt, device="meta")
+        return tuple(outs)
+
+    return meta
+
+
+for _name, _training in (("native_batch_norm", lambda a, k: a[5]), ("_native_batch_norm_legit", lambda a, k: a[5]),
+                         ("_native_batch_norm_legit.no_stats", lambda a, k: a[3]),
+                         ("_native_batch_norm_legit_no_training", lambda a, k: False),
+                         ("_batch_norm_with_update", lambda a, k: True)):
+    META[_name] = _batch_norm_meta(_name, _training)
 
 
 @lowering("_batch_norm_with_update")

@@ -1,0 +1,178 @@
+"""The disk tier of the executable cache: warm processes compile nothing; bad entries and unsafe directories."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+import torchtpu
+from torchtpu import cache, runtime
+
+TEXT = """module @m attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%a: tensor<4xf32>) -> (tensor<4xf32>) {
+    %b = "stablehlo.add"(%a, %a) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    "func.return"(%b) : (tensor<4xf32>) -> ()
+  }
+}
+"""
+
+
+@pytest.fixture
+def disk(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TORCHTPU_CACHE_DIR", str(d))
+    cache._reset_disk_state()
+    cache.clear()
+    yield d
+    cache._reset_disk_state()
+    cache.clear()
+
+
+def _run(exe):
+    import jax
+    import numpy as np
+
+    rt = runtime.get()
+    x = jax.device_put(np.arange(4, dtype=np.float32), rt.device(0))
+    return np.asarray(rt.execute(exe, [x])[0]).tolist()
+
+
+def _compile_twice():
+    rt = runtime.get()
+    first = cache.get_or_compile(rt, TEXT)
+    cache.clear()  # a new process: the memory tier is empty
+    c0 = torchtpu.metrics.counters().get("compiles", 0)
+    second = cache.get_or_compile(rt, TEXT)
+    return first, second, torchtpu.metrics.counters().get("compiles", 0) - c0
+
+
+def test_entry_round_trips_and_a_hit_compiles_nothing(disk):
+    _, exe, compiles = _compile_twice()
+    assert compiles == 0
+    c = torchtpu.metrics.counters()
+    assert c.get("cache_hits.disk") == 1 and c.get("compile_seconds_saved", 0) > 0
+    assert _run(exe) == [0.0, 2.0, 4.0, 6.0]
+    assert oct(os.stat(disk).st_mode & 0o777) == oct(0o700)
+    assert [p.name for p in disk.iterdir()] == [cache.key(runtime.get(), TEXT, 0) + ".xla"]
+
+
+def _damage(path, how):
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) - 100])
+    elif how == "bit-flipped":
+        b = bytearray(data)
+        b[-500] ^= 0x10
+        path.write_bytes(bytes(b))
+    elif how == "other version":
+        path.write_bytes(data.replace(b'"context": "', b'"context": "9.9.9|', 1))
+    elif how == "not ours":
+        path.write_bytes(b"\x7fELF" + data[4:])
+    elif how == "empty":
+        path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["truncated", "bit-flipped", "other version", "not ours", "empty"])
+def test_bad_entry_is_detected_recompiled_and_replaced(disk, how):
+    rt = runtime.get()
+    cache.get_or_compile(rt, TEXT)
+    path = disk / (cache.key(rt, TEXT, 0) + ".xla")
+    good = path.read_bytes()
+    _damage(path, how)
+    cache.clear()
+    with pytest.warns(UserWarning, match="compiling anew"):
+        exe = cache.get_or_compile(rt, TEXT)
+    assert _run(exe) == [0.0, 2.0, 4.0, 6.0]
+    assert torchtpu.metrics.counters().get("cache_disk.bad_entries") == 1
+    assert len(path.read_bytes()) == len(good)  # replaced by a whole entry
+    cache.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.get_or_compile(rt, TEXT)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
+def test_directory_writable_by_others_is_refused(disk, mode):
+    disk.mkdir()
+    os.chmod(disk, mode)
+    with pytest.warns(UserWarning, match="writable by others"):
+        assert cache.disk_dir() is None
+    _, _, compiles = _compile_twice()
+    assert compiles == 1 and list(disk.iterdir()) == []
+
+
+def test_empty_setting_turns_the_disk_tier_off(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_CACHE_DIR", "")
+    cache._reset_disk_state()
+    try:
+        assert cache.disk_dir() is None and "empty" in cache.disk_status()["why"]
+    finally:
+        cache._reset_disk_state()
+
+
+def test_size_bound_evicts_least_recently_used(disk, monkeypatch):
+    rt = runtime.get()
+    monkeypatch.setattr(cache, "MAX_DISK_BYTES", 1)
+    cache.get_or_compile(rt, TEXT)
+    cache.get_or_compile(rt, TEXT.replace('"stablehlo.add"', '"stablehlo.multiply"'))
+    names = [p.name for p in disk.iterdir() if p.name.endswith(".xla")]
+    assert len(names) <= 1 and torchtpu.metrics.counters().get("cache_disk.evictions", 0) >= 1
+
+
+SCRIPT = r"""
+import json, sys, time
+import torch, torch.nn.functional as F
+import torchtpu
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x, y = torch.randn(8, 16).to("tpu"), torch.randint(0, 4, (8,)).to("tpu")
+losses, first = [], None
+for i in range(3):
+    t0 = time.perf_counter()
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+    first = first or time.perf_counter() - t0
+c = torchtpu.metrics.counters()
+print(json.dumps({"losses": losses, "first": first, "compiles": c.get("compiles", 0),
+                  "disk_hits": c.get("cache_hits.disk", 0)}))
+"""
+
+
+def _process(cache_dir, mode="fused", timeout=240):
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir), TORCHTPU_MODE=mode)
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_second_process_with_a_warm_cache_compiles_nothing(tmp_path, mode):
+    cold = _process(tmp_path / "c", mode)
+    warm = _process(tmp_path / "c", mode)
+    assert cold["compiles"] > 0 and warm["compiles"] == 0, (cold, warm)
+    assert warm["disk_hits"] == cold["compiles"]
+    assert warm["losses"] == cold["losses"]
+
+
+def test_a_process_killed_while_writing_leaves_nothing_that_breaks_the_next(tmp_path):
+    d = tmp_path / "c"
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(d), TORCHTPU_MODE="strict")
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (d.exists() and len(list(d.iterdir())) >= 3):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    (d / ".tmp-killed.xla").write_bytes(b"half an entry")  # what a kill between write and rename leaves
+    run = _process(d, "strict")
+    assert len(run["losses"]) == 3
+    assert _process(d, "strict")["compiles"] == 0

@@ -1,0 +1,252 @@
+"""torch.compile(backend="tpu"): compiled graphs against eager tpu and CPU, captures, guards, fallbacks."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu import _C
+
+from test_training import _load_example
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _counters():
+    return torchtpu.metrics.counters()
+
+
+def _train(model, batches, device, compiled, steps, opt_cls=torch.optim.AdamW, loss_fn=None):
+    torch.manual_seed(0)
+    model = copy.deepcopy(model).to(device)
+    fwd = torch.compile(model, backend="tpu") if compiled else model
+    opt = opt_cls(model.parameters(), lr=1e-2)
+    losses = []
+    for i in range(steps):
+        x, y = (t.to(device) for t in batches[i % len(batches)])
+        loss = loss_fn(fwd, x, y) if loss_fn else F.cross_entropy(fwd(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def _close(a, b, tol=1e-5):
+    return max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b)) < tol
+
+
+def _mlp_data():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)) for _ in range(3)]
+
+
+def test_backend_is_registered_and_device_interface_is_ours():
+    assert "tpu" in torch._dynamo.list_backends()
+    fn = torch.compile(lambda x: (x * 2).sin(), backend="tpu")
+    x = torch.randn(8, device="tpu")
+    assert torch.allclose(fn(x).cpu(), (x.cpu() * 2).sin(), atol=1e-6)
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    iface = get_interface_for_device("tpu")
+    assert iface.is_dtype_supported(torch.float64) and iface.is_dtype_supported(torch.half)
+    with torch.tpu.device(1):
+        assert iface.current_device() == 1
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_mlp_trains_like_eager_and_cpu_and_replays_one_program_per_graph(mode):
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    data = _mlp_data()
+    cpu, _ = _train(model, data, "cpu", False, 6)
+    with torchtpu.mode(mode):
+        eager, _ = _train(model, data, "tpu", False, 6)
+        torchtpu.metrics.reset()
+        comp, _ = _train(model, data, "tpu", True, 6)
+    assert _close(cpu, comp) and _close(eager, comp), (cpu, eager, comp)
+    c = _counters()
+    assert c.get("compile.captures") == 2, c  # forward and backward, captured once each
+    assert c.get("compile.program_runs") == 10, c  # every later step: one node per graph
+    assert not c.get("compile.eager_graphs"), c
+
+
+def test_warm_compiled_step_runs_no_lowering_and_compiles_nothing():
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to("tpu")
+    fwd = torch.compile(model, backend="tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 16, device="tpu"), torch.randint(0, 4, (32,), device="tpu")
+    for step in range(4):
+        if step == 2:
+            before = _counters()
+        loss = F.cross_entropy(fwd(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+    after = _counters()
+    for k in ("compiles", "lowerings", "compile.captures"):
+        assert after.get(k, 0) == before.get(k, 0), k
+
+
+def test_small_gpt_compiled_matches_cpu_with_dropout_fresh_each_step():
+    gpt = _load_example()
+    model, loss_fn = gpt.small_gpt(dropout=False)
+    data = list(gpt.batches(4, 8, 32, 64))
+    cpu, _ = _train(model, data, "cpu", False, 4, loss_fn=loss_fn)
+    with torchtpu.mode("fused"):
+        comp, _ = _train(model, data, "tpu", True, 4, loss_fn=loss_fn)
+    assert _close(cpu, comp), (cpu, comp)
+    assert not any(k.startswith("fallback.") for k in _counters())
+    # dropout inside a compiled graph draws fresh random numbers on every run, from the tpu generator
+    torch._dynamo.reset()
+    drop = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="tpu")
+    x = torch.ones(4096, device="tpu")
+    torch.tpu.manual_seed(3)
+    a, b = drop(x).cpu(), drop(x).cpu()
+    assert not torch.equal(a, b)
+    for r in (a, b):
+        assert set(r.unique().tolist()) <= {0.0, 2.0} and 0.4 < (r == 0).float().mean() < 0.6
+    torch.tpu.manual_seed(3)
+    assert torch.equal(drop(x).cpu(), a)  # the same seed gives the same numbers
+
+
+def test_cnn_with_batchnorm_train_and_eval_updates_running_stats():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 5))
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)) for _ in range(2)]
+    cpu, cpu_model = _train(model, data, "cpu", False, 3, opt_cls=torch.optim.SGD)
+    comp, tpu_model = _train(model, data, "tpu", True, 3, opt_cls=torch.optim.SGD)
+    assert _close(cpu, comp, 1e-4), (cpu, comp)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        a, b = getattr(cpu_model[1], name), getattr(tpu_model[1], name).cpu()
+        assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5), name
+    cpu_model.eval()
+    tpu_model.eval()
+    x = data[0][0]
+    with torch.no_grad():
+        out = torch.compile(tpu_model, backend="tpu")(x.to("tpu"))
+    assert torch.allclose(cpu_model(x), out.cpu(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_hugging_face_models_compiled_match_cpu(name):
+    import zoo
+
+    torch.manual_seed(0)
+    model, make_batches, loss_fn = zoo.MODELS[name]()
+    batches = make_batches(3)
+    losses = {}
+    for dev, compiled in (("cpu", False), ("tpu", True)):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = copy.deepcopy(model).to(dev)
+        fwd = torch.compile(m, backend="tpu") if compiled else m
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        out = []
+        for b in batches:
+            loss = loss_fn(fwd, zoo._to(b, dev))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        losses[dev] = out
+    assert _close(losses["cpu"], losses["tpu"]), losses
+    assert _counters().get("compile.captures", 0) >= 2
+
+
+def test_graph_break_and_input_mutation():
+    def f(x, buf):
+        y = x.sin() * 2
+        buf.add_(y)  # a mutation of an input lands on the real tensor
+        print("graph break", end="\r")
+        return (y + buf).cos()
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(16)
+    buf = torch.zeros(16)
+    tb = buf.to("tpu")
+    for _ in range(3):
+        ref = f(x, buf)
+        out = cf(x.to("tpu"), tb)
+        assert torch.allclose(ref, out.cpu(), atol=1e-6)
+        assert torch.allclose(buf, tb.cpu(), atol=1e-6)
+
+
+def test_new_shape_recompiles_once_repeated_shape_does_not():
+    fn = torch.compile(lambda x: (x @ x.T).relu().sum(0), backend="tpu", dynamic=False)
+    sizes = [(4, 8), (4, 8), (6, 8), (6, 8), (4, 8)]
+    captures = []
+    for s in sizes:
+        x = torch.randn(*s)
+        assert torch.allclose(fn(x.to("tpu")).cpu(), (x @ x.T).relu().sum(0), atol=1e-5)
+        captures.append(_counters().get("compile.captures", 0))
+    assert captures == [1, 1, 2, 2, 2], captures
+
+
+def test_same_shape_other_strides_capture_again_and_stay_right():
+    fn = torch.compile(lambda x: x * 3 + 1, backend="tpu", dynamic=False)
+    base = torch.randn(8, 8)
+    t = base.to("tpu")
+    assert torch.allclose(fn(t).cpu(), base * 3 + 1)
+    # a non-contiguous view of another storage size: the program's guard refuses it, a new capture serves it
+    v = t[::2]
+    assert torch.allclose(fn(v.contiguous()).cpu(), base[::2] * 3 + 1)
+
+
+def test_compiled_optimizer_step_works():
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 2)
+    m = copy.deepcopy(ref).to("tpu")
+    opt, ref_opt = torch.optim.Adam(m.parameters(), lr=1e-2), torch.optim.Adam(ref.parameters(), lr=1e-2)
+    step = torch.compile(opt.step, backend="tpu")
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            for model, o, s, xx in ((ref, ref_opt, ref_opt.step, x), (m, opt, step, x.to("tpu"))):
+                o.zero_grad()
+                model(xx).square().sum().backward()
+                s()
+    assert torch.allclose(ref.weight, m.weight.cpu(), rtol=1e-5, atol=1e-6)
+
+
+def test_index_out_of_range_inside_a_compiled_graph_raises():
+    fn = torch.compile(lambda w, i: w[i].sum(), backend="tpu")
+    w = torch.randn(10, 4, device="tpu")
+    assert torch.allclose(fn(w, torch.tensor([1, 2], device="tpu")).cpu(), w.cpu()[[1, 2]].sum())
+    with pytest.raises(IndexError):
+        fn(w, torch.tensor([1, 12], device="tpu")).item()
+    torchtpu.sync()
+
+
+def test_graph_with_a_host_read_runs_op_by_op_and_says_why():
+    def f(x):
+        return x[x > 0].sum()  # a data-dependent size: read on the host
+
+    fn = torch.compile(f, backend="tpu")
+    x = torch.randn(32)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert torch.allclose(fn(x.to("tpu")).cpu(), f(x), atol=1e-5)
+
+
+def test_program_info_counts_one_node_per_call():
+    fn = torch.compile(lambda a, b: (a @ b).tanh() + a.sum(), backend="tpu")
+    a, b = torch.randn(4, 4, device="tpu"), torch.randn(4, 4, device="tpu")
+    fn(a, b)
+    with torchtpu.mode("fused"):
+        torchtpu.sync()
+        before = _C._pending_ops(0)
+        fn(a, b)
+        assert _C._pending_ops(0) == before + 1  # the whole graph is one pending node
+        torchtpu.sync()
