@@ -250,3 +250,32 @@ def test_program_info_counts_one_node_per_call():
         fn(a, b)
         assert _C._pending_ops(0) == before + 1  # the whole graph is one pending node
         torchtpu.sync()
+
+
+def test_scalars_baked_into_a_program_keep_their_exact_values():
+    def f(x):
+        return x * 1e-8 + x * 1e20 - 3.5e-300 * x + x / 123456789.0 + (x + 7).clamp(max=2.5) + 0.1
+
+    fn = torch.compile(f, backend="tpu")
+    x = torch.randn(16, dtype=torch.float64)
+    for _ in range(2):
+        assert torch.equal(fn(x.to("tpu")).cpu(), f(x))
+    assert _counters().get("compile.captures") == 1 and not _counters().get("compile.eager_graphs")
+
+
+def test_compiled_capturable_optimizer_step_is_one_program():
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 2)
+    m = copy.deepcopy(ref).to("tpu")
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2, capturable=True)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    step = torch.compile(opt.step, backend="tpu")
+    x = torch.randn(4, 8)
+    for _ in range(4):
+        for model, o, s, xx in ((ref, ref_opt, ref_opt.step, x), (m, opt, step, x.to("tpu"))):
+            o.zero_grad()
+            model(xx).square().sum().backward()
+            s()
+    assert torch.allclose(ref.weight, m.weight.cpu(), rtol=1e-5, atol=1e-6)
+    c = _counters()
+    assert c.get("compile.program_runs", 0) >= 2 and not c.get("compile.eager_graphs"), c

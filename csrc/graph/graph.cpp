@@ -277,7 +277,10 @@ std::string pack_value(double v) {
   if (std::isfinite(v)) {
     std::snprintf(buf, sizeof(buf), "%.17g", v);
     std::string s(buf);
-    if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+    if (s.find('.') == std::string::npos) {  // MLIR's float literals need the point: 1e-08 -> 1.0e-08
+      const auto e = s.find_first_of("eE");
+      s.insert(e == std::string::npos ? s.size() : e, ".0");
+    }
     return s;
   }
   uint64_t bits;
