@@ -81,18 +81,18 @@ def test_bad_entry_is_detected_recompiled_and_replaced(disk, how):
     rt = runtime.get()
     cache.get_or_compile(rt, TEXT)
     path = disk / (cache.key(rt, TEXT, 0) + ".xla")
-    good = path.read_bytes()
     _damage(path, how)
     cache.clear()
     with pytest.warns(UserWarning, match="compiling anew"):
         exe = cache.get_or_compile(rt, TEXT)
     assert _run(exe) == [0.0, 2.0, 4.0, 6.0]
     assert torchtpu.metrics.counters().get("cache_disk.bad_entries") == 1
-    assert len(path.read_bytes()) == len(good)  # replaced by a whole entry
     cache.clear()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # replaced by a whole, valid entry: the next process loads it silently
         warnings.simplefilter("error")
+        c0 = torchtpu.metrics.counters().get("compiles", 0)
         cache.get_or_compile(rt, TEXT)
+        assert torchtpu.metrics.counters().get("compiles", 0) == c0
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
