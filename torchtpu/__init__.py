@@ -45,9 +45,16 @@ _C._set_synchronize_callback(lambda idx: _sync(idx))
 atexit.register(_C._clear_synchronize_callback)
 
 
+def jax_op(fn=None, **kwargs):
+    """A JAX function (jnp/lax code, a Pallas kernel) as a PyTorch op on tpu tensors (torchtpu/jax_ops.py)."""
+    from .jax_ops import jax_op as make
+
+    return make(fn, **kwargs)
+
+
 def sync() -> None:
     """Launches what is pending (fused mode) and waits for every queued tpu op."""
     _sync()
 
 
-__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync"]
+__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync", "jax_op"]

@@ -23,8 +23,9 @@ SINGLE, TUPLE, LIST, NOTHING = 0, 1, 2, 3
 
 
 def overload(name: str):
-    packet, _, ov = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), ov or "default")
+    ns, _, rest = name.rpartition("::")  # "add.Tensor", or "ns::name.overload" (torchtpu.jax_op's ops)
+    packet, _, ov = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns or "aten"), packet), ov or "default")
 
 
 def _is_tpu(x):

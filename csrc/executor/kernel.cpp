@@ -66,8 +66,7 @@ OpInfo* op_info_slow(const c10::FunctionSchema* schema) {
   auto it = g_ops.find(schema);
   if (it != g_ops.end()) return it->second.get();
   auto info = std::make_unique<OpInfo>();
-  info->name = schema->name().substr(schema->name().find("::") + 2);
-  if (!schema->overload_name().empty()) info->name += "." + schema->overload_name();
+  info->name = runtime::op_name(*schema);
   info->nargs = schema->arguments().size();
   info->is_copy = info->name == "copy_";
   for (const auto& a : schema->arguments()) {
@@ -657,6 +656,7 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
 }
 
 std::unique_ptr<torch::Library> g_lib;
+std::vector<std::unique_ptr<torch::Library>> g_other_libs;
 
 }  // namespace
 
@@ -669,7 +669,15 @@ void register_kernels(const std::vector<std::string>& names) {
                                              __FILE__, __LINE__);
   }
   for (const auto& n : names) {
-    g_lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
+    const auto sep = n.find("::");
+    if (sep == std::string::npos) {
+      g_lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
+      continue;
+    }
+    // an op of another namespace (torchtpu.jax_op's): one IMPL library per op, kept for the process
+    g_other_libs.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, n.substr(0, sep),
+                                                            c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
+    g_other_libs.back()->impl(n.substr(sep + 2).c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
   }
 }
 

@@ -126,11 +126,17 @@ void set_callbacks(py::dict d) {
   g_cb = c;
 }
 
+std::string op_name(const c10::FunctionSchema& schema) {
+  const std::string& full = schema.name();
+  std::string name = full.compare(0, 6, "aten::") == 0 ? full.substr(6) : full;
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  return name;
+}
+
 Entry lower_op(const LowerRequest& req) {
   py::gil_scoped_acquire gil;
   const auto& schema = req.op->schema();
-  std::string name = schema.name().substr(schema.name().find("::") + 2);
-  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  const std::string name = op_name(schema);
   const size_t base = req.stack->size() - req.nargs;
   py::list args;
   for (size_t i = 0; i < req.nargs; ++i) args.append(torch::jit::toPyObject((*req.stack)[base + i]));
@@ -149,8 +155,7 @@ Entry lower_op(const LowerRequest& req) {
 void run_python_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   py::gil_scoped_acquire gil;
   const auto& schema = op.schema();
-  std::string name = schema.name().substr(schema.name().find("::") + 2);
-  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  const std::string name = op_name(schema);
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
   py::list args;

@@ -16,6 +16,10 @@
 namespace torchtpu {
 namespace runtime {
 
+// The name the rule tables know an op by: "add.Tensor" for aten ops, "ns::name[.overload]" for other namespaces
+// (torchtpu.jax_op's ops).
+std::string op_name(const c10::FunctionSchema& schema);
+
 // A cache miss of the op table: the Python rules lower this signature (the op's arguments are the last nargs
 // values of the stack; runtime_slots name the Scalar arguments that are runtime values; storages lists each
 // distinct argument storage's token and value type, has_value false when it was never written).
