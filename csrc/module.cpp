@@ -59,6 +59,7 @@ void register_executor(py::module& m) {
   m.def("_get_mode", []() { return static_cast<int>(torchtpu::get_mode()); });
   m.def("_set_fused_limits", &torchtpu::set_fused_limits);
   m.def("_set_chunk_cache_capacity", &torchtpu::set_chunk_cache_capacity);
+  m.def("_clear_chunk_cache", &torchtpu::clear_chunk_cache);
   m.def("_register_fragment", [](std::string label, std::string text, py::list deps, py::list params,
                                  py::list scalars, py::list results, bool has_check) {
     torchtpu::Fragment f;

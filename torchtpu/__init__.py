@@ -52,9 +52,16 @@ def jax_op(fn=None, **kwargs):
     return make(fn, **kwargs)
 
 
+def advise(fn, *args, **kwargs):
+    """What one training step ``fn(*args)`` costs on a TPU (torchtpu/advisor.py): ``print(advise(step).text())``."""
+    from .advisor import advise as run
+
+    return run(fn, *args, **kwargs)
+
+
 def sync() -> None:
     """Launches what is pending (fused mode) and waits for every queued tpu op."""
     _sync()
 
 
-__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync", "jax_op"]
+__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync", "jax_op", "advise"]

@@ -631,6 +631,13 @@ const char* cut_cause_name(CutCause c) {
 
 GraphCounters& graph_counters() { return g_counters; }
 
+void clear_chunk_cache() {
+  std::lock_guard<std::recursive_mutex> cut_lock(g_cut_mu);
+  for (auto& e : g_chunk_cache.lru) queue_release(e.second);
+  g_chunk_cache.lru.clear();
+  g_chunk_cache.index.clear();
+}
+
 void set_chunk_cache_capacity(int64_t n) {
   std::lock_guard<std::recursive_mutex> cut_lock(g_cut_mu);
   g_chunk_cache.capacity = static_cast<size_t>(std::max<int64_t>(1, n));
