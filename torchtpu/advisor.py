@@ -1,8 +1,8 @@
 """What a training step costs on a TPU: ``torchtpu.advise(fn, *args)`` and ``python -m torchtpu advise script.py``.
 
 The advisor runs the step to warm up, then once plainly (its time, host syncs, recompiles, fallbacks), then once
-while it records every ATen op (a dispatch mode: name, shapes, dtypes, the Python line that issued it) and XLA's
-cost analysis (flops, bytes) of every program the step runs. Per op it models flops and bytes (matmuls and convolutions exactly,
+in strict mode while it records every ATen op (a dispatch mode: name, shapes, dtypes, the Python line that issued
+it) with XLA's cost analysis (flops, bytes) of the op's own program. Per op it models flops and bytes (matmuls and convolutions exactly,
 other ops as their element and byte counts), places each op on the roofline of a TPU generation (``TPUS``: peak
 bfloat16 matmul flops and HBM bandwidth from Google's public specs) and reports:
 - matmul/convolution dimensions that are not multiples of the matrix unit (128 on v5e/v5p, 256 on v6e), with the
@@ -61,15 +61,17 @@ class Op:
     bytes: float = 0.0
     kind: str = "vector"  # matmul | conv | vector
     dims: tuple = ()  # matmul: (batch, M, K, N)
+    xla: tuple | None = None  # XLA's cost analysis of the op's own program (strict mode): (flops, bytes)
 
     def seconds(self, tpu: dict) -> float:
+        flops, nbytes = self.xla if self.xla else (self.flops, self.bytes)
         peak = tpu["bf16_flops"]
         if self.kind in ("matmul", "conv"):
             if any(d == torch.float32 for d in self.dtypes[:2]):
                 peak /= F32_MATMUL_PASSES
         else:
             peak *= VPU_FRACTION
-        return max(self.flops / peak, self.bytes / tpu["hbm_bytes"])
+        return max(flops / peak, nbytes / tpu["hbm_bytes"])
 
 
 def _fmt(seconds: float) -> str:
@@ -115,13 +117,17 @@ def _model(op: Op, args, out) -> None:
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, programs):
         super().__init__()
         self.ops: list[Op] = []
+        self.programs = programs  # the programs compiled so far; those an op adds are its own (strict mode)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        n0 = len(self.programs)
+        _C._clear_chunk_cache()  # the op's chunk asks the executable cache (a memory hit), which reports its cost
         out = func(*args, **kwargs)
+        mine = self.programs[n0:]
         if func.is_view or func.name().split("::")[-1].split(".")[0] in _METADATA:
             return out  # views and metadata: no device work
         flat = [a for a in args if isinstance(a, torch.Tensor)]
@@ -134,6 +140,8 @@ class _Recorder(TorchDispatchMode):
             op = Op(name, [tuple(t.shape) for t in flat], [t.dtype for t in flat],
                     [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)], _user_line())
             _model(op, flat, out)
+            if mine:
+                op.xla = (sum(p[0] for p in mine), sum(p[1] for p in mine))
             self.ops.append(op)
         return out
 
@@ -201,9 +209,11 @@ class Report:
         nbytes = sum(o.bytes for o in self.ops)
         xf = sum(p[0] for p in self.programs)
         xb = sum(p[1] for p in self.programs)
-        L.append(f"  modelled: {flops / 1e9:.3f} GFLOP, {nbytes / 2**20:.1f} MiB moved (ops one by one); XLA's cost "
-                 f"analysis of the {len(self.programs)} program(s) the step ran: {xf / 1e9:.3f} GFLOP, "
-                 f"{xb / 2**20:.1f} MiB")
+        with_xla = sum(1 for o in self.ops if o.xla)
+        L.append(f"  XLA's cost analysis of the {len(self.programs)} program(s) the step ran (one per op): "
+                 f"{xf / 1e9:.3f} GFLOP, {xb / 2**20:.1f} MiB accessed; {with_xla} of {len(self.ops)} ops carry their "
+                 f"program's figures, the others the model's (matmul/conv flops exactly, elements and bytes "
+                 f"otherwise: {flops / 1e9:.3f} GFLOP, {nbytes / 2**20:.1f} MiB over all ops)")
         est = self.estimate_s()
         L.append(f"  estimated step on {self.generation}: {_fmt(est)} (each op at its roofline, unfused); measured "
                  f"here: {_fmt(self.measured_s)}. By generation: " +
@@ -257,7 +267,8 @@ class Report:
         total = 0.0
         for o in self.ops:
             if o.kind in ("matmul", "conv"):
-                o2 = dataclasses.replace(o, dtypes=[torch.bfloat16] * len(o.dtypes), bytes=o.bytes / 2)
+                o2 = dataclasses.replace(o, dtypes=[torch.bfloat16] * len(o.dtypes), bytes=o.bytes / 2,
+                                         xla=(o.xla[0], o.xla[1] / 2) if o.xla else None)
                 total += o2.seconds(tpu)
             else:
                 total += o.seconds(tpu)
@@ -329,11 +340,16 @@ class _Probe:
 
 
 class _Record:
-    """The step's ops (a dispatch mode) and XLA's cost analysis of every program it runs: the chunk cache is
-    emptied first, so each chunk asks the executable cache again (a memory hit: nothing recompiles)."""
+    """The step's ops (a dispatch mode) and XLA's cost analysis of every program it runs, in strict mode so that
+    each op's program is its own: the chunk cache is emptied first, so each chunk asks the executable cache again
+    (compiling each op's program once if the step ran fused until now)."""
 
     def __enter__(self):
+        from . import executor
+
         torch.tpu.synchronize()
+        self._mode = executor.get_mode()
+        executor.set_mode("strict")
         self.programs = []
         _C._clear_chunk_cache()
         self._orig_get = cache.get_or_compile
@@ -349,16 +365,19 @@ class _Record:
             return exe
 
         cache.get_or_compile = get_or_compile
-        self.rec = _Recorder()
+        self.rec = _Recorder(self.programs)
         self.rec.__enter__()
         return self
 
     def __exit__(self, *exc):
+        from . import executor
+
         try:
             torch.tpu.synchronize()
         finally:
             self.rec.__exit__(*exc)
             cache.get_or_compile = self._orig_get
+            executor.set_mode(self._mode)
         return False
 
 
