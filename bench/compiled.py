@@ -29,7 +29,7 @@ sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests"), os.
 import torch  # noqa: E402
 
 import torchtpu  # noqa: E402
-from eager import BLOCK, MODELS, WARMUP, jax_stepper, torch_stepper as stepper  # noqa: E402
+from eager import MODELS, WARMUP, jax_stepper, run_blocks, torch_stepper as stepper  # noqa: E402
 
 
 VARIANTS = ("tpu compiled, strict", "tpu compiled, fused", "tpu fused eager", "Inductor on CPU", "JAX ceiling")
@@ -50,13 +50,7 @@ def steps_table(steps, only):
             "Inductor on CPU": stepper(build, loss_fn, "cpu", None, "inductor"),
             "JAX ceiling": jax_stepper(build, jax_cfg),
         }
-        res = {k: ([], [], []) for k in variants}
-        batches = data(steps)
-        for lo in range(0, steps, BLOCK):
-            for k, run in variants.items():
-                for x, y in batches[lo:lo + BLOCK]:
-                    for lst, v in zip(res[k], run(x, y)):
-                        lst.append(v)
+        res = run_blocks(variants, data(steps))
         cpu_l, cpu_t, _ = res["cpu"]
         cpu = statistics.median(cpu_t[WARMUP:])
         row = {"model": name, "cpu_ms": cpu * 1e3}

@@ -199,6 +199,18 @@ WARMUP = 3
 BLOCK = 4
 
 
+def run_blocks(variants, batches):
+    """Each variant takes BLOCK steps in turn over the same batches (warm caches, shared noise): per variant the
+    lists (losses, seconds, compiles)."""
+    res = {k: ([], [], []) for k in variants}
+    for lo in range(0, len(batches), BLOCK):
+        for k, run in variants.items():
+            for x, y in batches[lo:lo + BLOCK]:
+                for lst, v in zip(res[k], run(x, y)):
+                    lst.append(v)
+    return res
+
+
 def steps_table(steps, only=None):
     """The variants (CPU, strict, fused, debug, JAX) take blocks of BLOCK steps in turn over the same batches: the
     machine's noise falls on all of them alike, and the medians compare."""
@@ -212,13 +224,7 @@ def steps_table(steps, only=None):
             variants[m] = torch_stepper(build, loss_fn, "tpu", m)
         if jax_cfg:
             variants["jax"] = jax_stepper(build, jax_cfg)
-        res = {k: ([], [], []) for k in variants}
-        batches = data(steps)
-        for lo in range(0, steps, BLOCK):  # blocks of steps in turn: warm caches, shared noise
-            for k, run in variants.items():
-                for x, y in batches[lo:lo + BLOCK]:
-                    for lst, v in zip(res[k], run(x, y)):
-                        lst.append(v)
+        res = run_blocks(variants, data(steps))
         cpu_l, cpu_t, _ = res["cpu"]
         cpu = statistics.median(cpu_t[WARMUP:])
         row = {"model": name, "cpu_ms": cpu * 1e3}

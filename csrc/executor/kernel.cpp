@@ -707,18 +707,7 @@ void record_fragment(int32_t fid, const std::vector<at::Tensor>& storage_params,
     for (const auto& t : storage_params) {
       StorageHandle* h = handle_of(t.storage());
       TORCH_INTERNAL_ASSERT(h != nullptr, "tpu: a fragment reads a zero-byte storage");
-      h->resolve();
-      ValueRef ref;
-      if (h->state == StorageHandle::State::kBuffer) {
-        ref.leaf = h->buffer;
-      } else if (h->state == StorageHandle::State::kPending) {
-        ref.node = h->node;
-        ref.index = h->index;
-      } else {
-        TORCH_CHECK(h->state != StorageHandle::State::kFailed, *h->error);
-        TORCH_INTERNAL_ASSERT(false, "tpu: ", f.label, " reads a storage that holds no value");
-      }
-      node->inputs.push_back(std::move(ref));
+      node->inputs.push_back(value_ref(h, f.label));
     }
     for (size_t r = 0; r < results.size(); ++r) {
       if (!results[r].defined()) continue;
