@@ -1,4 +1,4 @@
-"""The main job: train a small GPT, then Hugging Face's GPT-2, on device="tpu" in every mode next to CPU.
+"""The main job: train a small GPT, then Hugging Face's GPT-2, on device="tpu" in every mode (and compiled) next to CPU.
 
 Run: python examples/train_gpt.py [--steps 30]
 For each model: the loss curves side by side, the largest relative difference to CPU, the time per step of
@@ -86,10 +86,15 @@ def small_gpt(dropout):
 
 
 def train(build, device, steps, mode=None):
-    """Trains build()'s model on device (in a torchtpu mode); returns losses, step times, compiles per step."""
+    """Trains build()'s model on device (in a torchtpu mode; "compiled" is fused mode with the model under
+    torch.compile(backend="tpu")); returns losses, step times, compiles per step."""
     torch.manual_seed(0)
     model, loss_fn = build()
     model = model.to(device)
+    fwd = model
+    if mode == "compiled":
+        torch._dynamo.reset()
+        fwd, mode = torch.compile(model, backend="tpu"), "fused"
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     losses, t_steps, compiles = [], [], []
@@ -99,7 +104,7 @@ def train(build, device, steps, mode=None):
             c0 = torchtpu.metrics.counters().get("compiles", 0)
             t0 = time.perf_counter()
             x, y = x.to(device), y.to(device)
-            loss = loss_fn(model, x, y)
+            loss = loss_fn(fwd, x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -149,7 +154,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
     print(f"torchtpu {torchtpu.__version__} on {torch.tpu.get_device_name()}")
-    modes = ["strict", "fused", "debug"]
+    modes = ["strict", "fused", "debug", "compiled"]
     side_by_side("a small GPT written here", lambda: small_gpt(dropout=False), args.steps, modes)
     print(torchtpu.metrics.report())
     side_by_side("Hugging Face GPT-2 (transformers, tiny config)", hf_gpt2, args.steps, modes)
