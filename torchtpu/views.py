@@ -104,13 +104,23 @@ def read_view(base: E.Value, sizes, strides, offset) -> E.Value:
     chain_ok = all(strides[a] % strides[b] == 0 and strides[a] >= strides[b] * sizes[b] for a, b in zip(dims, dims[1:]))
     if dims and chain_ok:
         box = [sizes[dims[0]]] + [strides[a] // strides[b] for a, b in zip(dims, dims[1:])] + [strides[dims[-1]]]
-        span = math.prod(box)
-        window = flat
-        if offset + span > m:  # the last row of the box runs past the storage end: pad, never read
-            window = E.pad(flat, E.const(fn, 0, flat.dtype), [0], [offset + span - m])
-        window = E.reshape(E.slice_(window, [offset], [offset + span]), box)
         limits = [sizes[d] for d in dims] + [1]
-        v = E.slice_(window, [0] * len(box), limits)
+        # The offset as coordinates of the box (mixed radix): when the view fits the box from there without a
+        # carry, it is a plain slice of the storage's prefix reshaped to the box (q, k, v of one qkv buffer).
+        bstr = [math.prod(box[i + 1:]) for i in range(len(box))]
+        at = [offset // bstr[0]] + [(offset // bstr[i]) % box[i] for i in range(1, len(box))]
+        rows = at[0] + limits[0]
+        if rows * bstr[0] <= m and all(at[i] + limits[i] <= box[i] for i in range(1, len(box))):
+            prefix = flat if rows * bstr[0] == m else E.slice_(flat, [0], [rows * bstr[0]])
+            window = E.reshape(prefix, [rows] + box[1:])
+            v = E.slice_(window, at, [a + l for a, l in zip(at, limits)])
+        else:
+            span = math.prod(box)
+            window = flat
+            if offset + span > m:  # the last row of the box runs past the storage end: pad, never read
+                window = E.pad(flat, E.const(fn, 0, flat.dtype), [0], [offset + span - m])
+            window = E.reshape(E.slice_(window, [offset], [offset + span]), box)
+            v = E.slice_(window, [0] * len(box), limits)
         v = E.reshape(v, [sizes[d] for d in dims])
         # v's axes are `dims` (by stride); put them back in tensor order, then broadcast the rest.
         order = sorted(range(len(dims)), key=lambda i: dims[i])
