@@ -473,11 +473,7 @@ bool record_entry(const Entry& e, const Sig& sig, torch::jit::Stack* stack, size
   bool want_cut = false;
   if (e.fragment >= 0) {
     const Fragment& f = fragment(e.fragment);
-    auto node = c10::make_intrusive<Node>();
-    node->fragment = e.fragment;
-    node->frag = &f;
-    node->device = device;
-    node->live.assign(f.results.size(), 0);
+    auto node = new_node(e.fragment, device);
     for (size_t s = 0; s < e.scalar_params.size(); ++s) {
       pack_scalar(f, s, e.scalar_params[s], *stack, base, device, *node);
     }
@@ -693,11 +689,7 @@ void record_fragment(int32_t fid, const std::vector<at::Tensor>& storage_params,
   for (const auto& t : results) {
     if (t.defined()) device = t.device().index();
   }
-  auto node = c10::make_intrusive<Node>();
-  node->fragment = fid;
-  node->frag = &f;
-  node->device = device;
-  node->live.assign(f.results.size(), 0);
+  auto node = new_node(fid, device);
   node->fscalars.assign(fs.begin(), fs.end());
   node->iscalars.assign(is.begin(), is.end());
   node->line = line;

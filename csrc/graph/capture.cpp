@@ -362,11 +362,7 @@ CaptureResult capture_end(c10::DeviceIndex device, const std::vector<at::Tensor>
     if (res.why.empty()) {
       // this call's node: the captured leaves and random states; the outputs and overwritten inputs take its results
       const Fragment& f = fragment(p.fragment);
-      auto node = c10::make_intrusive<Node>();
-      node->fragment = p.fragment;
-      node->frag = &f;
-      node->device = device;
-      node->live.assign(f.results.size(), 0);
+      auto node = new_node(p.fragment, device);
       for (const auto& leaf : c.leaves) {
         ValueRef ref;
         ref.leaf = leaf;
@@ -412,11 +408,7 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
       if (!(spec_of(inputs, i) == p.inputs[i])) return std::nullopt;
     }
     const Fragment& f = fragment(p.fragment);
-    auto node = c10::make_intrusive<Node>();
-    node->fragment = p.fragment;
-    node->frag = &f;
-    node->device = p.device;
-    node->live.assign(f.results.size(), 0);
+    auto node = new_node(p.fragment, p.device);
     size_t ci = 0;
     for (int32_t src : p.leaf_input) {
       if (src >= 0) {

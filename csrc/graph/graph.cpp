@@ -648,6 +648,15 @@ void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops) {
   g_repeat_min_ops = repeat_min_ops;
 }
 
+NodePtr new_node(int32_t fid, c10::DeviceIndex device) {
+  auto node = c10::make_intrusive<Node>();
+  node->fragment = fid;
+  node->frag = &fragment(fid);
+  node->device = device;
+  node->live.assign(node->frag->results.size(), 0);
+  return node;
+}
+
 ValueRef value_ref(StorageHandle* h, const std::string& reader) {
   h->resolve();
   ValueRef ref;

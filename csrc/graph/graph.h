@@ -23,6 +23,9 @@ enum class CutCause : int {
 };
 const char* cut_cause_name(CutCause c);
 
+// A node of the fragment on the device: no inputs or scalars yet, no storage holding its results.
+NodePtr new_node(int32_t fragment, c10::DeviceIndex device);
+
 // Appends a node to its device's pending graph and points the result handles at it. Caller holds
 // exec_mutex(). Returns true when the fused-mode policies (size cap, repeated structure) ask for a cut.
 bool record(const NodePtr& node, bool fused);
