@@ -87,8 +87,7 @@ def main(argv=None) -> int:
             elif n == a.warmup + 2 and "record" in state:
                 r, p = state.pop("record"), state.pop("probe")
                 r.__exit__(None, None, None)
-                rep = advisor.Report(r.rec.ops, r.programs, p.seconds, p.syncs, p.compiles, p.lowered, p.fallbacks,
-                                     a.generation)
+                rep = advisor.Report.of(p, r, a.generation)
                 print(rep.text(), file=out, flush=True)
                 if a.png:
                     print(f"[torchtpu] roofline plot: {rep.plot(a.png)}", file=out, flush=True)

@@ -46,8 +46,8 @@ VPU_FRACTION = 1 / 16
 SMALL_OP_US = 1.0  # ops modelled below this cannot amortize a program launch / kernel prologue
 _MATMULS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "addbmm", "_scaled_dot_product_attention_math"}
 _CONVS = {"convolution", "convolution_backward"}
-_METADATA = {"detach", "alias", "_unsafe_view", "lift_fresh", "_to_copy_meta", "set_", "resize_", "empty", "empty_strided",
-             "_local_scalar_dense", "copy_meta"}
+_METADATA = {"detach", "alias", "_unsafe_view", "lift_fresh", "set_", "resize_", "empty", "empty_strided",
+             "_local_scalar_dense"}
 
 
 @dataclasses.dataclass
@@ -158,6 +158,11 @@ class Report:
     generation: str
 
     # -- findings ---------------------------------------------------------------------------------------
+    @classmethod
+    def of(cls, probe: "_Probe", record: "_Record", generation: str) -> "Report":
+        return cls(record.rec.ops, record.programs, probe.seconds, probe.syncs, probe.compiles, probe.lowered,
+                   probe.fallbacks, generation)
+
     def tpu(self):
         return TPUS[self.generation]
 
@@ -392,7 +397,7 @@ def advise(fn, *args, generation: str = "v5e", warmup: int = 2, png: str | None 
         fn(*args, **kwargs)
     with _Record() as r:
         fn(*args, **kwargs)
-    rep = Report(r.rec.ops, r.programs, p.seconds, p.syncs, p.compiles, p.lowered, p.fallbacks, generation)
+    rep = Report.of(p, r, generation)
     if png:
         rep.plot(png)
     return rep

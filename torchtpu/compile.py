@@ -62,14 +62,17 @@ class TpuGraph:
         return self._capture(args, tensors, key)
 
     def _op_by_op(self, args, key, why):
-        self.eager.setdefault(key, why)
+        self._goes_op_by_op(key, why, _n_ops(self.gm))
         metrics.inc("compile.eager_graph_runs")
+        return list(self.gm(*args))
+
+    def _goes_op_by_op(self, key, why, n_ops):
+        """Calls with these non-tensor arguments run op by op from now on: counted, and said once per graph."""
+        self.eager.setdefault(key, why)
         if not self.warned:
             self.warned = True
             metrics.inc("compile.eager_graphs")
-            warnings.warn(f"torchtpu: a compiled {self.kind} graph of {_n_ops(self.gm)} ops runs op by op: {why}",
-                          stacklevel=2)
-        return list(self.gm(*args))
+            warnings.warn(f"torchtpu: a compiled {self.kind} graph of {n_ops} ops runs op by op: {why}", stacklevel=3)
 
     def _capture(self, args, tensors, key):
         device = tensors[0].device.index or 0
@@ -86,12 +89,7 @@ class TpuGraph:
         if executor.get_mode() == "debug":
             executor.synchronize(device)
         if pid < 0:
-            self.eager[key] = why
-            metrics.inc("compile.eager_graphs")
-            if not self.warned:
-                self.warned = True
-                warnings.warn(f"torchtpu: a compiled {self.kind} graph of {n_ops} ops runs op by op: {why}",
-                              stacklevel=2)
+            self._goes_op_by_op(key, why, n_ops)
             return outs
         info = _C._program_info(pid)
         if check_frags:
