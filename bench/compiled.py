@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests"), os.
 import torch  # noqa: E402
 
 import torchtpu  # noqa: E402
-from eager import MODELS, WARMUP, jax_stepper, run_blocks, torch_stepper as stepper  # noqa: E402
+from eager import MODELS, jax_stepper, per_step, run_blocks, torch_stepper as stepper  # noqa: E402
 
 
 VARIANTS = ("tpu compiled, strict", "tpu compiled, fused", "tpu fused eager", "Inductor on CPU", "JAX ceiling")
@@ -52,11 +51,11 @@ def steps_table(steps, only):
         }
         res = run_blocks(variants, data(steps))
         cpu_l, cpu_t, _ = res["cpu"]
-        cpu = statistics.median(cpu_t[WARMUP:])
+        cpu = per_step(cpu_t)
         row = {"model": name, "cpu_ms": cpu * 1e3}
         for k in VARIANTS:
             l, t, c = res[k]
-            row[k] = statistics.median(t[WARMUP:]) / cpu
+            row[k] = per_step(t) / cpu
             row[k + " compiles"] = sum(c[2:])
             row[k + " diff"] = max(abs(a - b) / abs(a) for a, b in zip(cpu_l, l))
         row["compiled vs JAX"] = min(row["tpu compiled, strict"], row["tpu compiled, fused"]) / row["JAX ceiling"]

@@ -142,15 +142,18 @@ for i in range(3):
     first = first or time.perf_counter() - t0
 c = torchtpu.metrics.counters()
 print(json.dumps({"losses": losses, "first": first, "compiles": c.get("compiles", 0),
-                  "disk_hits": c.get("cache_hits.disk", 0)}))
+                  "disk_hits": c.get("cache_hits.disk", 0), "lowerings": c.get("lowerings", 0),
+                  "optable_hits": c.get("optable.hits", 0)}))
 """
 
 
-def _process(cache_dir, mode="fused", timeout=240):
+def _process(cache_dir, mode="fused", timeout=240, script=SCRIPT, stderr=False):
     env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir), TORCHTPU_MODE=mode)
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run([sys.executable, "-W", "always", "-c", script], env=env, capture_output=True, text=True,
+                         timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return (result, out.stderr) if stderr else result
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
@@ -160,6 +163,8 @@ def test_second_process_with_a_warm_cache_compiles_nothing(tmp_path, mode):
     assert cold["compiles"] > 0 and warm["compiles"] == 0, (cold, warm)
     assert warm["disk_hits"] == cold["compiles"]
     assert warm["losses"] == cold["losses"]
+    # the op table on disk: the warm process runs no lowering rule (every signature was lowered by the cold one)
+    assert cold["lowerings"] > 0 and warm["lowerings"] == 0 and warm["optable_hits"] == cold["lowerings"]
 
 
 def test_a_process_killed_while_writing_leaves_nothing_that_breaks_the_next(tmp_path):
@@ -176,3 +181,56 @@ def test_a_process_killed_while_writing_leaves_nothing_that_breaks_the_next(tmp_
     run = _process(d, "strict")
     assert len(run["losses"]) == 3
     assert _process(d, "strict")["compiles"] == 0
+
+
+COMPILED = r"""
+import json, sys
+import torch, torch.nn.functional as F
+import torchtpu
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                            torch.nn.Linear(32, 4)).to("tpu")
+fwd = torch.compile(model, backend="tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x, y = torch.randn(8, 16).to("tpu"), torch.randint(0, 4, (8,)).to("tpu")
+losses = []
+for i in range(3):
+    loss = F.cross_entropy(fwd(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+with torch.no_grad():
+    losses.append(fwd(x).sum().item())  # an inference graph too
+c = torchtpu.metrics.counters()
+print(json.dumps({"losses": losses, "compiles": c.get("compiles", 0), "lowerings": c.get("lowerings", 0),
+                  "aot_hits": c.get("compile.aot_cache_hit", 0), "aot_misses": c.get("compile.aot_cache_miss", 0),
+                  "bad": c.get("cache_disk.bad_entries", 0)}))
+"""
+
+
+def test_second_process_compiles_no_graph_again(tmp_path):
+    """torch.compile in a warm process: AOTAutograd's results come from the disk (no joint-graph tracing), the op
+    table too (no lowering), the executables too (no XLA compile); same numbers."""
+    cold = _process(tmp_path / "c", "fused", script=COMPILED)
+    warm = _process(tmp_path / "c", "fused", script=COMPILED)
+    assert cold["aot_misses"] == 2 and cold["aot_hits"] == 0, cold  # the training graph pair, the inference graph
+    assert warm["aot_hits"] == 2 and warm["aot_misses"] == 0, warm
+    assert warm["compiles"] == 0 and warm["lowerings"] == 0, warm
+    assert warm["losses"] == cold["losses"]
+    assert len(list((tmp_path / "c").glob("*.aot"))) == 2 and len(list((tmp_path / "c").glob("optable-*.bin"))) == 1
+
+
+# every kind of damage is tested on executables above; these entries are read by the same checked reader
+@pytest.mark.parametrize("which,how", [("*.aot", "bit-flipped"), ("*.aot", "truncated"),
+                                       ("optable-*.bin", "bit-flipped")])
+def test_bad_graph_or_op_table_entry_is_detected_and_replaced(tmp_path, which, how):
+    d = tmp_path / "c"
+    cold = _process(d, "strict", script=COMPILED)
+    for path in d.glob(which):
+        _damage(path, how)
+    warm, err = _process(d, "strict", script=COMPILED, stderr=True)
+    assert "compiling anew and replacing it" in err, err[-2000:]
+    assert warm["losses"] == cold["losses"] and warm["bad"] >= 1
+    again = _process(d, "strict", script=COMPILED)  # replaced by whole, valid entries
+    assert again["bad"] == 0 and again["aot_hits"] == 2 and again["lowerings"] == 0 and again["compiles"] == 0

@@ -122,7 +122,7 @@ def test_loop_without_syncs_is_cut_by_its_repeats_and_compiles_nothing_more():
 
 
 def test_size_cap_cuts_a_long_graph():
-    _C._set_fused_limits(50, 0)
+    _C._set_fused_limits(50, 0, 0)
     try:
         x = torch.ones(8, device="tpu")
         torchtpu.sync()
@@ -138,8 +138,7 @@ def test_size_cap_cuts_a_long_graph():
             ref = ref * 1.001 + i % 3
         torch.testing.assert_close(v, ref)
     finally:
-        _C._set_fused_limits(int(os.environ.get("TORCHTPU_FUSED_MAX_OPS", "4096")),
-                             int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_OPS", "256")))
+        torchtpu.executor.fused_limits_from_env()
 
 
 def test_errors_in_a_chunk_name_the_op_and_line():

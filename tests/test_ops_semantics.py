@@ -182,3 +182,19 @@ def test_segment_reduce_initial_ties_and_zeros_as_cpu():
                 torch.segment_reduce(xx, red, lengths=torch.tensor([2, 3], device=xx.device)).sum().backward()
             torch.testing.assert_close(b.grad.cpu(), a.grad)
     assert _no_fallback()
+
+
+def test_factories_follow_a_changed_default_dtype():
+    """The op table keys a call by its arguments; dtype=None follows torch.get_default_dtype(), so the key holds it
+    (a signature lowered under float32 served float32 arange after set_default_dtype(float64))."""
+    before = torch.get_default_dtype()
+    try:
+        for dtype in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(dtype)
+            got = torch.arange(0, 1, 0.25, device="tpu")
+            want = torch.arange(0, 1, 0.25)
+            assert got.dtype == want.dtype == dtype
+            assert torch.equal(got.cpu(), want)
+            assert (torch.ones(3, device="tpu") * 0.5).dtype == dtype
+    finally:
+        torch.set_default_dtype(before)

@@ -35,6 +35,7 @@ _memory: collections.OrderedDict = collections.OrderedDict()
 MAX_ENTRIES = int(os.environ.get("TORCHTPU_CACHE_ENTRIES", "1024"))
 MAX_DISK_BYTES = int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", str(4 << 30)))
 MAGIC = b"torchtpu-executable-v1\n"
+ENTRY_SUFFIXES = (".xla", ".aot", ".bin")  # executables; compiled graphs' AOTAutograd results (compile.py); op tables (optable.py)
 _context: str | None = None
 _disk_state: dict = {}  # "dir": the directory in use (None: off), "why": why not
 
@@ -120,9 +121,9 @@ def _bad_entry(path: str, why: str) -> None:
     warnings.warn(f"torchtpu: cache entry {path} {why}; compiling anew and replacing it", stacklevel=4)
 
 
-def _load(runtime, d: str, k: str, device_index: int):
-    """(executable, compile seconds it saves) from the disk tier, or None."""
-    path = _entry_path(d, k)
+def read_entry(path: str, magic: bytes, context: str):
+    """(header, payload) of the entry file at path, checked (magic, header, context, length, sha256) before anything
+    reads its payload; None when there is none or it is bad (one warning: the caller makes the entry anew)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -131,17 +132,17 @@ def _load(runtime, d: str, k: str, device_index: int):
     except OSError as e:
         _bad_entry(path, f"is unreadable ({e})")
         return None
-    if not data.startswith(MAGIC):
+    if not data.startswith(magic):
         _bad_entry(path, "is not a torchtpu cache entry (or a foreign version)")
         return None
-    end = data.find(b"\n", len(MAGIC))
+    end = data.find(b"\n", len(magic))
     try:
-        header = json.loads(data[len(MAGIC):end])
+        header = json.loads(data[len(magic):end])
         size, digest, ctx = int(header["size"]), header["sha256"], header["context"]
     except (ValueError, KeyError, TypeError):
         _bad_entry(path, "has a corrupt header")
         return None
-    if ctx != _context_key(runtime):
+    if ctx != context:
         _bad_entry(path, "was written by another version or platform")
         return None
     payload = data[end + 1:]
@@ -152,15 +153,45 @@ def _load(runtime, d: str, k: str, device_index: int):
         _bad_entry(path, "fails its digest (corrupt)")
         return None
     try:
-        exe = runtime.deserialize(payload, device_index)
-    except Exception as e:  # noqa: BLE001 (any failure: recompile)
-        _bad_entry(path, f"does not deserialize ({type(e).__name__}: {e})")
-        return None
-    try:
         os.utime(path)  # least recently used goes first
     except OSError:
         pass
     metrics.inc("bytes.disk_read", len(data))
+    return header, payload
+
+
+def write_entry(path: str, magic: bytes, context: str, payload: bytes, **extra) -> bool:
+    """Writes an entry file (magic, header with the context, payload length and sha256, payload) to a temporary file
+    in its directory and renames it into place: readers see the whole entry or none, concurrent writers are safe."""
+    d = os.path.dirname(path)
+    header = json.dumps({"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "context": context,
+                         **extra})
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(magic + header.encode() + b"\n" + payload)
+        os.replace(tmp, path)  # atomic: readers see the whole entry or none
+    except OSError as e:
+        _unlink(tmp)
+        warnings.warn(f"torchtpu: writing cache entry {path} failed ({e}); not cached on disk", stacklevel=4)
+        return False
+    metrics.inc("bytes.disk_written", len(payload))
+    _evict(d)
+    return True
+
+
+def _load(runtime, d: str, k: str, device_index: int):
+    """(executable, compile seconds it saves) from the disk tier, or None."""
+    path = _entry_path(d, k)
+    got = read_entry(path, MAGIC, _context_key(runtime))
+    if got is None:
+        return None
+    header, payload = got
+    try:
+        exe = runtime.deserialize(payload, device_index)
+    except Exception as e:  # noqa: BLE001 (any failure: recompile)
+        _bad_entry(path, f"does not deserialize ({type(e).__name__}: {e})")
+        return None
     return exe, float(header.get("compile_seconds", 0.0))
 
 
@@ -171,22 +202,7 @@ def _store(runtime, d: str, k: str, exe, compile_seconds: float) -> None:
         metrics.inc("cache_disk.unserializable")
         warnings.warn(f"torchtpu: an executable could not be serialized ({e}); not cached on disk", stacklevel=4)
         return
-    header = json.dumps({"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(),
-                         "context": _context_key(runtime), "compile_seconds": round(compile_seconds, 6)})
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".xla")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + header.encode() + b"\n" + payload)
-        os.replace(tmp, _entry_path(d, k))  # atomic: readers see the whole entry or none
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        warnings.warn(f"torchtpu: writing cache entry {k} failed ({e}); not cached on disk", stacklevel=4)
-        return
-    metrics.inc("bytes.disk_written", len(payload))
-    _evict(d)
+    write_entry(_entry_path(d, k), MAGIC, _context_key(runtime), payload, compile_seconds=round(compile_seconds, 6))
 
 
 def _evict(d: str) -> None:
@@ -203,7 +219,7 @@ def _evict(d: str) -> None:
                     if now - st.st_mtime > 3600:
                         _unlink(e.path)
                     continue
-                if e.name.endswith(".xla"):
+                if e.name.endswith(ENTRY_SUFFIXES):
                     entries.append((st.st_mtime, st.st_size, e.path))
                     total += st.st_size
     except OSError:

@@ -21,6 +21,8 @@ the dynamic-shapes issue's work.
 """
 from __future__ import annotations
 
+import collections.abc
+import contextlib
 import os
 import warnings
 
@@ -29,6 +31,14 @@ import torch
 from . import _C, checks, executor, metrics
 
 MAX_PROGRAMS = int(os.environ.get("TORCHTPU_COMPILE_MAX_PROGRAMS", "8"))
+
+# This module is imported when torch.compile(..., backend="tpu") looks the backend up (the torch_dynamo_backends
+# entry point), not at `import torchtpu`; what the backend's first call needs is imported now, with the rest of
+# Dynamo, rather than inside the first compiled step.
+import torch._dynamo.backends.common  # noqa: E402,F401
+import torch._functorch._aot_autograd.autograd_cache  # noqa: E402,F401
+import torch._inductor.debug  # noqa: E402,F401  (aot_autograd's enable_aot_logging)
+import torch._inductor.output_code  # noqa: E402,F401
 
 
 class TpuGraph:
@@ -124,32 +134,206 @@ def _why_not(tensors) -> str | None:
 
 
 def _n_ops(gm) -> int:
+    if isinstance(gm, _GraphCode):
+        return gm.n_ops
     return sum(1 for n in gm.graph.nodes if n.op == "call_function")
 
 
 def _compiler(kind):
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
     def compile_graph(gm, example_inputs):
         metrics.inc(f"compile.graphs.{kind}")
-        return TpuGraph(gm, kind)
+        return TpuOutputCode(TpuGraph(gm, kind))
 
-    return compile_graph
+    return SerializableAOTDispatchCompiler(TpuOutputCode, compile_graph)
+
+
+class _Decompositions(collections.abc.Mapping):
+    """The Core ATen decomposition table, built on first use: building it takes ~0.1 s, and a graph whose AOTAutograd
+    result comes from the disk cache never reads it."""
+
+    _table = None
+
+    def _get(self):
+        if _Decompositions._table is None:
+            from torch._decomp import core_aten_decompositions
+
+            _Decompositions._table = core_aten_decompositions()
+        return _Decompositions._table
+
+    def __getitem__(self, op):
+        return self._get()[op]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self):
+        return len(self._get())
+
+    def __contains__(self, op):
+        return op in self._get()
 
 
 def _decompositions():
-    from torch._decomp import core_aten_decompositions
-
-    return core_aten_decompositions()
+    return _Decompositions()
 
 
 def backend(gm, example_inputs, **kwargs):
     """The Dynamo backend "tpu" (registered through the ``torch_dynamo_backends`` entry point)."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.utils import counters
 
     _register_device_interface()
+    before = dict(counters["aot_autograd"])
     # NOTE: min_cut_rematerialization_partition (Inductor's) measured no faster on the small GPT step here
-    return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                        inference_compiler=_compiler("inference"), decompositions=_decompositions(),
-                        keep_inference_input_mutations=True)(gm, example_inputs, **kwargs)
+    with _aot_cache():
+        out = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
+                           inference_compiler=_compiler("inference"), decompositions=_decompositions(),
+                           keep_inference_input_mutations=True)(gm, example_inputs, **kwargs)
+    for what in ("hit", "miss", "bypass"):
+        if counters["aot_autograd"][f"autograd_cache_{what}"] > before.get(f"autograd_cache_{what}", 0):
+            metrics.inc(f"compile.aot_cache_{what}")
+    return out
+
+
+# -- AOTAutograd's results on disk -----------------------------------------------------------------------------
+# A new process spends most of its first compiled step in Dynamo and AOTAutograd (tracing the joint graph,
+# partitioning it), not in XLA. torch's AOTAutogradCache keeps AOTAutograd's results, but only for Inductor's
+# output; ours is a TpuGraph. So each graph is handed back as a TpuOutputCode (torch's cacheable OutputCode, kept
+# "bundled": pickled whole), and while our backend runs, torch's cache is pointed at our disk tier: the entries
+# live in TORCHTPU_CACHE_DIR next to the executables, with the same header, length and sha256 checked before
+# anything is unpickled, the same owner-only directory rule and the same size bound. Its key is torch's own
+# (the Dynamo graph, the inputs' metadata, grad/autocast state, AOTAutograd's config), minus Inductor's part
+# (Inductor's config and code hash, whose computation imports Inductor's code generators: 1.3 s here) and plus
+# the torch version and AOT_FORMAT.
+AOT_FORMAT = "tpu-aot-1"  # bump when what TpuOutputCode pickles, or the backend's AOTAutograd options, change
+AOT_MAGIC = b"torchtpu-aot-v1\n"
+
+
+class TpuOutputCode(torch._inductor.output_code.OutputCode):
+    """A TpuGraph as torch's cacheable OutputCode. It pickles as the graph's code, never its programs (the executables
+    come from the executable cache, the programs are captured again on the first call)."""
+
+    _boxed_call = True
+
+    def __init__(self, graph: TpuGraph):
+        self.graph = graph
+
+    def __call__(self, *args):
+        return self.graph(*args)
+
+    def prepare_for_serialization(self) -> None:
+        self.graph = TpuGraph(_GraphCode(self.graph.gm), self.graph.kind)
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        pass
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass
+
+    def __getstate__(self):
+        return {"code": _GraphCode(self.graph.gm), "kind": self.graph.kind}
+
+    def __setstate__(self, state):
+        self.graph = TpuGraph(state["code"], state["kind"])
+
+
+class _GraphCode:
+    """An FX graph kept as its Python code. A GraphModule pickles as its code too, but unpickles by tracing that code
+    symbolically, which runs factory calls with constant arguments (``arange(64)``, a causal mask) and bakes their
+    values into the graph as tensor constants; this one executes the code as it was generated."""
+
+    def __init__(self, gm):
+        if isinstance(gm, _GraphCode):
+            self.__dict__.update(gm.__dict__)
+            return
+        from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+        from torch.fx.graph_module import _format_import_block
+        from torch.package import sys_importer
+
+        code = gm.graph.python_code(root_module="self")
+        self.src = _format_import_block(code.globals, sys_importer) + "\n" + code.src
+        self.n_ops = _n_ops(gm)
+        self.attrs = {}
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(gm, node.target, None)
+                if "." in node.target or not isinstance(value, torch.Tensor) or type(value) is not torch.Tensor:
+                    raise BypassAOTAutogradCache(f"torchtpu: the graph reads {node.target} ({type(value).__name__})")
+                self.attrs[node.target] = (value.detach().cpu(), str(value.device))
+        self._fn = None
+
+    def __getstate__(self):
+        return {"src": self.src, "n_ops": self.n_ops, "attrs": self.attrs}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._fn = None
+
+    def __call__(self, *args):
+        if self._fn is None:
+            import types
+
+            from torch.fx.graph_module import _forward_from_src
+
+            owner = types.SimpleNamespace(**{k: t.to(d) for k, (t, d) in self.attrs.items()})
+            fn = _forward_from_src(self.src, {})
+            self._fn = lambda *a: fn(owner, *a)
+        return self._fn(*args)
+
+
+def _aot_dir() -> str | None:
+    from . import cache
+
+    return cache.disk_dir()
+
+
+@contextlib.contextmanager
+def _aot_cache():
+    """torch's AOTAutogradCache on our disk tier for the duration of one backend call (see above)."""
+    import unittest.mock
+
+    import torch._functorch.config as fconfig
+    from torch._functorch._aot_autograd import autograd_cache as ac
+
+    d = _aot_dir()
+    if d is None:
+        with fconfig.patch(enable_autograd_cache=False):
+            yield
+        return
+    from . import cache
+
+    context = AOT_FORMAT + "|" + torch.__version__
+
+    def details(self, gm, example_inputs, fx_config):
+        self.gm, self.example_inputs, self.torchtpu = gm, example_inputs, context
+
+    def write(key, content):
+        cache.write_entry(os.path.join(d, key + ".aot"), AOT_MAGIC, context, content)
+
+    def candidates(local, remote_cache, key):
+        import pickle
+
+        path = os.path.join(d, key + ".aot")
+        got = cache.read_entry(path, AOT_MAGIC, context)
+        if got is None:
+            return
+        try:
+            entry = pickle.loads(got[1])
+        except Exception as e:  # noqa: BLE001 (checked bytes that still do not load: make it anew)
+            cache._bad_entry(path, f"does not unpickle ({type(e).__name__}: {e})")
+            return
+        yield entry, got[1], True
+
+    # force_non_lazy_backward_lowering: the backward graph is handed to us (and its entry saved) inside this call,
+    # not at the first backward, when torch's cache would no longer point here
+    with fconfig.patch(enable_autograd_cache=True, bundled_autograd_cache=True,
+                       force_non_lazy_backward_lowering=True), \
+            unittest.mock.patch.object(ac.AOTAutogradCacheDetails, "_init_fx_graph_hash_details", details), \
+            unittest.mock.patch.object(ac.AOTAutogradCache, "_write_to_local_cache", staticmethod(write)), \
+            unittest.mock.patch.object(ac.AOTAutogradCache, "iterate_over_candidates", staticmethod(candidates)):
+        yield
 
 
 _interface_registered = False

@@ -35,8 +35,16 @@ if _mode not in MODES:
 _check_nans = os.environ.get("TORCHTPU_CHECK_NANS", "0") not in ("", "0", "false")
 _C._set_mode(MODES.index(_mode))
 _C._set_chunk_cache_capacity(cache.MAX_ENTRIES)
-_C._set_fused_limits(int(os.environ.get("TORCHTPU_FUSED_MAX_OPS", "4096")),
-                     int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_OPS", "256")))
+
+
+def fused_limits_from_env() -> None:
+    """The fused-mode cut policy's knobs (docs/modes.md)."""
+    _C._set_fused_limits(int(os.environ.get("TORCHTPU_FUSED_MAX_OPS", "4096")),
+                         int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_OPS", "256")),
+                         int(os.environ.get("TORCHTPU_FUSED_READ_SPLIT_MIN_OPS", "64")))
+
+
+fused_limits_from_env()
 
 
 def set_mode(name: str) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
 
-from . import _C, metrics
+from . import _C, metrics, optable
 from .errors import TpuOpError, op_error
 from .tables import DIRECT, FOREACH, INPLACE_RULES, META, PREPROCESS, RULES, SCALARS_SHAPE_OUTPUT
-from .trace import ArgSlot, OutputSlot, RuntimeScalar, Trace, label, plain
+from .trace import ArgSlot, OutputSlot, RuntimeScalar, Trace, label, plain, register_fragment
 
 # entry kinds of csrc/executor/entry.h
 NEW, ARG, NONE = 0, 1, 2
@@ -283,6 +283,7 @@ class _Call:
         """Lowers by signature: the table entry (csrc/executor/entry.h) as Python values."""
         tr, returns, result = self.run()
         fid = tr.fragment(label(self.name, *map_args(plain, self.args, self.kwargs)))
+        self.registration = getattr(tr, "registration", None) if fid >= 0 else None
         storage_params = list(tr._params)
         scalar_params = []
         for _, _, src in tr._scalars:
@@ -321,13 +322,26 @@ class _Call:
         return result[0]
 
 
-def lower(name, values, runtime_slots, storages, device):
-    """C++ callback on an op-table miss: the entry for this signature."""
+def lower(name, values, runtime_slots, storages, device, key=None):
+    """C++ callback on an op-table miss: the entry for this signature (from the op table on disk when an earlier
+    process lowered it: optable.py)."""
+    if key is not None:
+        known = optable.lookup(key, name, values)
+        if known is not None:
+            metrics.inc("optable.hits")
+            registration, entry = known
+            if registration is None:
+                return entry
+            return (entry[0], register_fragment(registration), *entry[2:])
     metrics.inc("lowerings")
+    call = _Call(name, values, True, [tuple(p) for p in runtime_slots], storages, device)
     try:
-        return _Call(name, values, True, [tuple(p) for p in runtime_slots], storages, device).entry()
+        entry = call.entry()
     except _Python:
-        return ("python",)
+        entry, call.registration = ("python",), None
+    if key is not None:
+        optable.remember(key, name, values, (call.registration, entry))
+    return entry
 
 
 def python_kernel(name, values):

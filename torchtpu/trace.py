@@ -327,15 +327,14 @@ class Trace:
         storage_params = [self._param_of[k] for k in self._params]
         scalar_params = [v for v, _, _ in self._scalars]
         text = fn.function("@FRAGMENT", storage_params + scalar_params, results)
-        fid = _C._register_fragment(
-            label, text, sorted(fn.funcs.items()),
-            [(v.shape, v.dtype, v.type) for v in storage_params],
-            [(kind, v.type) for v, kind, _ in self._scalars],
-            [(v.shape, v.dtype, v.type) for v in results],
-            bool(self.checks))
-        if self.checks:
-            checks.register(fid, self.opname, [(exc, msg) for _, _, exc, msg in self.checks])
-        return fid
+        args = (label, text, sorted(fn.funcs.items()),
+                [(v.shape, v.dtype, v.type) for v in storage_params],
+                [(kind, v.type) for v, kind, _ in self._scalars],
+                [(v.shape, v.dtype, v.type) for v in results],
+                bool(self.checks))
+        # what registering it takes, as plain values: the op table on disk keeps it (optable.py)
+        self.registration = (args, self.opname, [(exc, msg) for _, _, exc, msg in self.checks])
+        return register_fragment(self.registration)
 
     # -- direct recording (Python kernels) -------------------------------------------------------
     def record(self, label_text: str | None = None) -> None:
@@ -356,6 +355,15 @@ class Trace:
         results = [self._write_tensor[k] for k in self.writes] + ([None] if self.checks else [])
         line = user_line() if self.checks else ""
         _C._record_fragment(fid, [self._param_tensor[k] for k in self._params], fs, is_, results, line)
+
+
+def register_fragment(registration) -> int:
+    """Registers a fragment with the executor (and its checks' messages); its id in this process."""
+    args, opname, messages = registration
+    fid = _C._register_fragment(*args)
+    if messages:
+        checks.register(fid, opname, messages)
+    return fid
 
 
 class _WithOut:

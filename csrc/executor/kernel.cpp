@@ -3,6 +3,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/op_registration/op_registration.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -340,6 +341,8 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
   }
   if (s.device < 0) s.device = device_arg >= 0 ? device_arg : current_device();
   put<int8_t>(s.key, s.device);
+  // factories and type promotion with dtype=None follow torch.get_default_dtype()
+  put<int8_t>(s.key, static_cast<int8_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   // Each distinct storage: its size and the type of the value it holds.
   for (auto* st : s.storages) {
     put<uint8_t>(s.key, kStorageTag);
@@ -400,6 +403,8 @@ Entry lower(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit:
   req.nargs = info.nargs;
   req.device = sig.device;
   req.runtime_slots = sig.runtime_slots;
+  // sig.key starts with the OpInfo's address, which only this process knows
+  req.key = info.name + '\0' + sig.key.substr(sizeof(const void*));
   {
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
     for (auto* st : sig.storages) {

@@ -361,7 +361,6 @@ CaptureResult capture_end(c10::DeviceIndex device, const std::vector<at::Tensor>
     }
     if (res.why.empty()) {
       // this call's node: the captured leaves and random states; the outputs and overwritten inputs take its results
-      const Fragment& f = fragment(p.fragment);
       auto node = new_node(p.fragment, device);
       for (const auto& leaf : c.leaves) {
         ValueRef ref;

@@ -89,6 +89,7 @@ struct CaptureFlags {
 };
 CaptureFlags g_capture[kMaxDevices];
 int64_t g_repeat_min_ops = 256;
+int64_t g_read_split_min_ops = 0;
 constexpr int64_t kMinPeriod = 8;
 
 // Chunk key -> launcher, least recently used first out: a launcher holds its executable's code pages and
@@ -643,9 +644,10 @@ void set_chunk_cache_capacity(int64_t n) {
   g_chunk_cache.capacity = static_cast<size_t>(std::max<int64_t>(1, n));
 }
 
-void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops) {
+void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops, int64_t read_split_min_ops) {
   g_max_ops = std::max<int64_t>(1, max_ops);
   g_repeat_min_ops = repeat_min_ops;
+  g_read_split_min_ops = read_split_min_ops;
 }
 
 NodePtr new_node(int32_t fid, c10::DeviceIndex device) {
@@ -774,7 +776,8 @@ void cut_for_read(c10::DeviceIndex device, const Node* target, CutCause cause) {
         if (in.node && in.node->state == Node::State::kPending) needed.insert(in.node.get());
       }
     }
-    if (n_selected == 0 || n_selected == g.nodes.size()) {
+    if (n_selected == 0 || n_selected == g.nodes.size() ||
+        static_cast<int64_t>(g.nodes.size()) < g_read_split_min_ops) {
       a = detach(device, g.nodes.size());
     } else {
       a = detach(device, 0, &selected);  // its outputs include what the rest reads

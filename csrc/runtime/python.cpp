@@ -148,7 +148,7 @@ Entry lower_op(const LowerRequest& req) {
                                    req.storage_has_value[k] ? value_type_to_py(req.storage_types[k]) : py::none()));
   }
   // A rule's own error (bad input) propagates as the Python exception it is (TpuOpError, IndexError, ...).
-  py::object r = cb().lower(name, args, slots, storages, static_cast<int>(req.device));
+  py::object r = cb().lower(name, args, slots, storages, static_cast<int>(req.device), py::bytes(req.key));
   return entry_from_py(r);
 }
 

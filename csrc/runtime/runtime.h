@@ -32,6 +32,7 @@ struct LowerRequest {
   std::vector<uint64_t> storage_tokens;
   std::vector<ValueType> storage_types;
   std::vector<bool> storage_has_value;
+  std::string key;  // the signature, valid in any process: the op's name, then its argument signature
 };
 Entry lower_op(const LowerRequest& req);
 
