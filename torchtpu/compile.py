@@ -41,6 +41,28 @@ import torch._inductor.debug  # noqa: E402,F401  (aot_autograd's enable_aot_logg
 import torch._inductor.output_code  # noqa: E402,F401
 
 
+def _register_fake_impls() -> None:
+    """Fake-tensor rules for ops whose torch meta kernel refuses what tpu runs (Dynamo traces with them)."""
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    from .lowering.matmul import _grouped_mm_meta
+
+    def on_tpu(args):
+        return isinstance(args[0], torch.Tensor) and args[0].device.type == "tpu"
+
+    @fake_impls.register_op_impl(lambda func: func is torch.ops.aten._grouped_mm.default)
+    def _grouped_mm(fake_mode, func, *args, **kwargs):
+        if not on_tpu(args):
+            return NotImplemented
+        with in_kernel_invocation_manager(fake_mode):
+            out = _grouped_mm_meta(*args, **kwargs)
+        return FakeTensor(fake_mode, out, args[0].device)
+
+
+_register_fake_impls()
+
+
 class TpuGraph:
     """An ATen FX graph from AOTAutograd, run as captured programs (boxed calling convention)."""
 
@@ -256,12 +278,15 @@ class _GraphCode:
         self.src = _format_import_block(code.globals, sys_importer) + "\n" + code.src
         self.n_ops = _n_ops(gm)
         self.attrs = {}
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         for node in gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(gm, node.target, None)
                 if "." in node.target or not isinstance(value, torch.Tensor) or type(value) is not torch.Tensor:
                     raise BypassAOTAutogradCache(f"torchtpu: the graph reads {node.target} ({type(value).__name__})")
-                self.attrs[node.target] = (value.detach().cpu(), str(value.device))
+                with unset_fake_temporarily():  # AOTAutograd saves its entry inside its fake mode
+                    self.attrs[node.target] = (value.detach().cpu(), str(value.device))
         self._fn = None
 
     def __getstate__(self):

@@ -96,7 +96,8 @@ def addr(tr, x, v1, v2, beta=1, alpha=1):
 # -- grouped matrix products (mixture-of-experts layers: transformers' grouped_mm experts) -------------------------
 def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
     """torch's meta kernel for _grouped_mm checks CUDA's constraints (bfloat16 only, 16-byte strides); these are
-    CPU's: any float dtype, int32 offsets when a 2-d operand is grouped."""
+    CPU's: any float dtype, int32 offsets when a 2-d operand is grouped. torch.compile's fake tensors use it too
+    (compile.py registers it for tpu tensors)."""
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
         raise RuntimeError(f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}")
     if a.dtype != b.dtype:
@@ -123,7 +124,7 @@ def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
         if a.size(0) != b.size(0):
             raise RuntimeError("batched dimension has to match")
         shape = (a.size(0), a.size(1), b.size(2))
-    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+    return torch.empty(shape, dtype=out_dtype or a.dtype, device="meta")
 
 
 META["_grouped_mm"] = _grouped_mm_meta
