@@ -160,6 +160,25 @@ def main():
     side_by_side("Hugging Face GPT-2 (transformers, tiny config)", hf_gpt2, args.steps, modes)
     drop, _, _ = train(lambda: small_gpt(dropout=True), "tpu", 3)
     print(f"\nwith dropout (tpu generator), first losses: {[round(v, 4) for v in drop]}")
+    fsdp2_on_two_processes(args.steps)
+
+
+def fsdp2_on_two_processes(steps):
+    """The small GPT with FSDP2 on 2 processes (torchrun, the c10d backend "tpu"): examples/train_fsdp.py."""
+    import os
+    import subprocess
+    import sys
+
+    print("\n=== FSDP2 on 2 processes: torchrun --nproc-per-node 2 examples/train_fsdp.py ===", flush=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TORCHTPU_NUM_CPU_DEVICES="1")  # one device per process
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(here, "train_fsdp.py"), "--steps", str(steps)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    report = [ln for ln in out.stdout.splitlines() if ln.strip() and not ln.startswith("[Gloo]")]
+    print("\n".join(report) if report else out.stderr[-3000:])
+    if out.returncode:
+        raise SystemExit(f"FSDP2 run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ from . import lowering  # noqa: E402,F401  (fills the lowering tables)
 from . import kernels as _kernels  # noqa: E402
 
 _C._set_callbacks(_executor.callbacks())
+if torch.distributed.is_available():
+    from . import distributed as _distributed  # noqa: E402  (the c10d backend "tpu")
+
+    _distributed.register()
 _kernels.register_all()
 # TPUs compute in bfloat16 natively: make it torch.autocast("tpu")'s default (CUDA's is float16).
 torch.set_autocast_dtype("tpu", torch.bfloat16)

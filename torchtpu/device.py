@@ -60,7 +60,8 @@ def init() -> None:
 
 
 def is_initialized() -> bool:
-    return _initialized
+    """True once the XLA client has started (the first tpu op, or init()), as cuda's context starts lazily."""
+    return _initialized or runtime.get()._backend is not None
 
 
 def _is_in_bad_fork() -> bool:

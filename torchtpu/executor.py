@@ -27,7 +27,8 @@ from .trace import Trace
 
 MODES = ("strict", "debug", "fused")  # the order of csrc/executor/executor.h Mode
 # cut causes (csrc/graph/graph.h CutCause)
-CUT_OP, CUT_HOST_READ, CUT_SYNC, CUT_SIZE_CAP, CUT_REPEAT, CUT_MODE_SWITCH, CUT_FALLBACK, CUT_DATA_DEPENDENT = range(8)
+(CUT_OP, CUT_HOST_READ, CUT_SYNC, CUT_SIZE_CAP, CUT_REPEAT, CUT_MODE_SWITCH, CUT_FALLBACK, CUT_DATA_DEPENDENT,
+ CUT_COLLECTIVE) = range(9)
 
 _mode = os.environ.get("TORCHTPU_MODE", "strict")
 if _mode not in MODES:

@@ -626,6 +626,7 @@ const char* cut_cause_name(CutCause c) {
     case CutCause::kModeSwitch: return "mode_switch";
     case CutCause::kFallback: return "fallback";
     case CutCause::kDataDependent: return "data_dependent";
+    case CutCause::kCollective: return "collective";
     default: return "?";
   }
 }

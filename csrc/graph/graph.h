@@ -19,6 +19,7 @@ enum class CutCause : int {
   kModeSwitch,
   kFallback,       // a CPU fallback or Python kernel reads values
   kDataDependent,  // an output size depends on values
+  kCollective,     // a collective (torchtpu/distributed.py) reads its inputs' buffers
   kCount
 };
 const char* cut_cause_name(CutCause c);
