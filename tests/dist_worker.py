@@ -238,6 +238,21 @@ def ddp():
     dist.destroy_process_group()
 
 
+def _train_on_shares(model):
+    """Each rank trains on its share of every batch (data parallel); its losses."""
+    opt = _opt(model.parameters())
+    losses = []
+    half = 8 // WORLD
+    for x, y in batches():
+        x, y = x[RANK * half:(RANK + 1) * half], y[RANK * half:(RANK + 1) * half]
+        loss = model(x.to("tpu"), y.to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.float().item())
+    return losses
+
+
 def fsdp2():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -248,17 +263,7 @@ def fsdp2():
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh, reshard_after_forward=True)
     fully_shard(model, mesh=mesh)
-    opt = _opt(model.parameters())
-    losses = []
-    half = 8 // WORLD
-    for x, y in batches():
-        x, y = x[RANK * half:(RANK + 1) * half], y[RANK * half:(RANK + 1) * half]
-        loss = model(x.to("tpu"), y.to("tpu"))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    _report(losses, model, sharded=[type(p).__name__ for p in model.parameters()][:1])
+    _report(_train_on_shares(model), model, sharded=[type(p).__name__ for p in model.parameters()][:1])
     dist.destroy_process_group()
 
 
@@ -274,16 +279,7 @@ def fsdp2_mixed():
     for blk in model.blocks:
         fully_shard(blk, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    opt = _opt(model.parameters())
-    losses = []
-    half = 8 // WORLD
-    for x, y in batches():
-        x, y = x[RANK * half:(RANK + 1) * half], y[RANK * half:(RANK + 1) * half]
-        loss = model(x.to("tpu"), y.to("tpu"))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.float().item())
+    losses = _train_on_shares(model)
     dtypes = sorted({str(p.dtype) for p in model.parameters()} | {str(p.grad.dtype) for p in model.parameters()})
     _report(losses, model, dtypes=dtypes)
     dist.destroy_process_group()

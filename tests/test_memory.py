@@ -1,3 +1,5 @@
+import gc
+
 import torch
 
 import torchtpu
@@ -78,6 +80,7 @@ def test_long_adamw_run_keeps_memory_flat():
         if step % 50 == 49:  # a logging loop's sync (fused mode: a bounded set of chunk shapes, all seen early)
             torch.tpu.synchronize()
         if step in (999, 1999):
+            gc.collect()  # tensors of earlier tests caught in reference cycles must not be freed between the marks
             marks[step] = (_rss_bytes(), torch.tpu.memory_allocated(), torch.tpu.memory_stats()["active.all.current"],
                            _C._counters()["op_table.entries"], cache.size())
     (rss0, dev0, bufs0, ops0, exe0), (rss1, dev1, bufs1, ops1, exe1) = marks[999], marks[1999]

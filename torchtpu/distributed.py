@@ -382,7 +382,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         return _done(output_tensors)
 
     def _gather_into(self, outs, t):
-        whole = self._all_gather(_value(t))  # (n * max(numel... )) stacked along dim 0
+        whole = self._all_gather(_value(t))  # every rank's t, stacked along dim 0
         rows = (tuple(t.shape) or (1,))[0]
         for i, o in enumerate(outs):
             _assign(o, whole[i * rows:(i + 1) * rows])
@@ -394,10 +394,14 @@ class ProcessGroupTpu(dist.ProcessGroup):
         _assign(output_tensor, self._all_gather(_value(input_tensor)).reshape(tuple(output_tensor.shape)))
         return _done([output_tensor])
 
-    def allgather_into_tensor_coalesced(self, output_tensors, input_tensors, opts=None):
+    def _each(self, one, output_tensors, input_tensors, opts):
+        """A coalesced call: the single-tensor collective per (output, input) pair, in order on every rank."""
         for o, i in zip(output_tensors, input_tensors):
-            self.all_gather_single(o, i, opts)
+            one(o, i, opts)
         return _done(output_tensors)
+
+    def allgather_into_tensor_coalesced(self, output_tensors, input_tensors, opts=None):
+        return self._each(self.all_gather_single, output_tensors, input_tensors, opts)
 
     def all_gather_single_coalesced(self, output_tensors, input_tensors, opts=None):
         return self.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts)
@@ -409,11 +413,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         opts = opts or dist.GatherOptions()
         if not _is_tpu(list(_flat(output_tensors)) + list(input_tensors)):
             return self._gloo.gather(output_tensors, input_tensors, opts)
-        whole = self._all_gather(_value(input_tensors[0]))
-        if self._rank == opts.rootRank:
-            rows = (tuple(input_tensors[0].shape) or (1,))[0]
-            for i, o in enumerate(output_tensors[0]):
-                _assign(o, whole[i * rows:(i + 1) * rows])
+        self._gather_into(output_tensors[0] if self._rank == opts.rootRank else [], input_tensors[0])
         return _done(output_tensors)
 
     # -- reduce-scatters --------------------------------------------------------------------------------------
@@ -454,9 +454,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         return _done(output_tensors)
 
     def reduce_scatter_tensor_coalesced(self, output_tensors, input_tensors, opts=None):
-        for o, i in zip(output_tensors, input_tensors):
-            self.reduce_scatter_single(o, i, opts)
-        return _done(output_tensors)
+        return self._each(self.reduce_scatter_single, output_tensors, input_tensors, opts)
 
     def reduce_scatter_single_coalesced(self, output_tensors, input_tensors, opts=None):
         return self.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts)
