@@ -156,6 +156,7 @@ def _process(cache_dir, mode="fused", timeout=240, script=SCRIPT, stderr=False):
     return (result, out.stderr) if stderr else result
 
 
+@pytest.mark.pins_mode
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_second_process_with_a_warm_cache_compiles_nothing(tmp_path, mode):
     cold = _process(tmp_path / "c", mode)
@@ -167,6 +168,7 @@ def test_second_process_with_a_warm_cache_compiles_nothing(tmp_path, mode):
     assert cold["lowerings"] > 0 and warm["lowerings"] == 0 and warm["optable_hits"] == cold["lowerings"]
 
 
+@pytest.mark.pins_mode
 def test_a_process_killed_while_writing_leaves_nothing_that_breaks_the_next(tmp_path):
     d = tmp_path / "c"
     env = dict(os.environ, TORCHTPU_CACHE_DIR=str(d), TORCHTPU_MODE="strict")
@@ -209,6 +211,7 @@ print(json.dumps({"losses": losses, "compiles": c.get("compiles", 0), "lowerings
 """
 
 
+@pytest.mark.pins_mode
 def test_second_process_compiles_no_graph_again(tmp_path):
     """torch.compile in a warm process: AOTAutograd's results come from the disk (no joint-graph tracing), the op
     table too (no lowering), the executables too (no XLA compile); same numbers."""
@@ -224,6 +227,7 @@ def test_second_process_compiles_no_graph_again(tmp_path):
 # every kind of damage is tested on executables above; these entries are read by the same checked reader
 @pytest.mark.parametrize("which,how", [("*.aot", "bit-flipped"), ("*.aot", "truncated"),
                                        ("optable-*.bin", "bit-flipped")])
+@pytest.mark.pins_mode
 def test_bad_graph_or_op_table_entry_is_detected_and_replaced(tmp_path, which, how):
     d = tmp_path / "c"
     cold = _process(d, "strict", script=COMPILED)

@@ -62,6 +62,7 @@ def test_backend_is_registered_and_device_interface_is_ours():
         assert iface.current_device() == 1
 
 
+@pytest.mark.pins_mode
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_mlp_trains_like_eager_and_cpu_and_replays_one_program_per_graph(mode):
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -31,33 +32,40 @@ def _free_port() -> int:
 
 
 def run_ranks(job, *args, world=2, timeout=240, env=None):
-    """Runs `dist_worker.py job args` as `world` ranks; [(returncode, JSON result or None, stderr)] per rank."""
-    port = _free_port()
-    procs = []
-    for r in range(world):
-        e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                 MASTER_PORT=str(port), TORCHTPU_NUM_CPU_DEVICES="1", **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, WORKER, job, *map(str, args)], env=e, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    deadline = time.time() + timeout
+    """Runs `dist_worker.py job args` as `world` ranks; [(returncode, JSON result or None, stderr)] per rank.
+    Each rank writes to files, not pipes: a rank blocked on a full pipe that nobody reads would hang its peers."""
+    port = str(_free_port())
+    procs, files, late = [], [], False
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            for r in range(world):
+                e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=port, TORCHTPU_NUM_CPU_DEVICES="1", **(env or {}))
+                files.append((open(os.path.join(d, f"{r}.out"), "w+"), open(os.path.join(d, f"{r}.err"), "w+")))
+                procs.append(subprocess.Popen([sys.executable, WORKER, job, *map(str, args)], env=e,
+                                              stdout=files[-1][0], stderr=files[-1][1], text=True))
+            deadline = time.time() + timeout
+            for p in procs:
+                p.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            late = True
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        texts = []
+        for out, err in files:
+            out.seek(0), err.seek(0)
+            texts.append((out.read(), err.read()))
+            out.close(), err.close()
+    if late:
+        raise AssertionError(f"{job}: the ranks did not finish within {timeout} s\n" +
+                             "\n---\n".join(err[-2000:] for _, err in texts))
     results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
-            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-            results.append((p.returncode, json.loads(lines[-1]) if lines else None, err))
-    except subprocess.TimeoutExpired:
-        tails = []
-        for p in procs:
-            p.kill()
-            _, err = p.communicate()
-            tails.append(err[-2000:])
-        raise AssertionError(f"{job}: the ranks did not finish within {timeout} s\n" + "\n---\n".join(tails))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    for p, (out, err) in zip(procs, texts):
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        results.append((p.returncode, json.loads(lines[-1]) if lines else None, err))
     return results
 
 

@@ -39,6 +39,7 @@ def test_chunk_holds_many_ops_and_keeps_temporaries_off_the_device():
     torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.pins_mode
 def test_fused_matches_strict_and_random_numbers_agree():
     outs = {}
     for m in ("strict", "fused"):
@@ -50,6 +51,7 @@ def test_fused_matches_strict_and_random_numbers_agree():
     torch.testing.assert_close(outs["fused"], outs["strict"], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.pins_mode
 def test_training_step_two_on_compiles_nothing_in_every_mode():
     gpt = _example()
     build = lambda: gpt.small_gpt(dropout=False)  # noqa: E731
