@@ -5,10 +5,14 @@ rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one XLA:CPU device per 
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 import traceback
+
+if os.environ.get("DIST_WORKER_STACKS_AFTER"):  # the harness's deadline nears: every thread's stack to stderr
+    faulthandler.dump_traceback_later(float(os.environ["DIST_WORKER_STACKS_AFTER"]), exit=False)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
@@ -166,7 +170,10 @@ def collectives():
     dist.barrier()
     res["counters"] = {k: v for k, v in torchtpu.metrics.counters().items() if k.startswith(("collective", "cuts.coll"))}
     dist.destroy_process_group()
-    # a new default group in the same process, after destroy_process_group
+    # a new default group in the same process, after destroy_process_group. On a port of its own: this job still
+    # holds objects of the old group (`sub`, the checks), and torch's rendezvous server is shared per port within a
+    # process, so on the old port the new group could read the old group's gloo addresses (so with plain gloo too)
+    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT2", os.environ["MASTER_PORT"])
     _init()
     t = base("tpu")
     dist.all_reduce(t)

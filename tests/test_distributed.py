@@ -34,13 +34,16 @@ def _free_port() -> int:
 def run_ranks(job, *args, world=2, timeout=240, env=None):
     """Runs `dist_worker.py job args` as `world` ranks; [(returncode, JSON result or None, stderr)] per rank.
     Each rank writes to files, not pipes: a rank blocked on a full pipe that nobody reads would hang its peers."""
-    port = str(_free_port())
+    port = port2 = str(_free_port())
+    while port2 == port:  # port2: a job's second default group (collectives)
+        port2 = str(_free_port())
     procs, files, late = [], [], False
     with tempfile.TemporaryDirectory() as d:
         try:
             for r in range(world):
                 e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=port, TORCHTPU_NUM_CPU_DEVICES="1", **(env or {}))
+                         MASTER_PORT=port, MASTER_PORT2=port2, TORCHTPU_NUM_CPU_DEVICES="1",
+                         DIST_WORKER_STACKS_AFTER=str(max(1, timeout - 15)), **(env or {}))
                 files.append((open(os.path.join(d, f"{r}.out"), "w+"), open(os.path.join(d, f"{r}.err"), "w+")))
                 procs.append(subprocess.Popen([sys.executable, WORKER, job, *map(str, args)], env=e,
                                               stdout=files[-1][0], stderr=files[-1][1], text=True))
@@ -61,7 +64,7 @@ def run_ranks(job, *args, world=2, timeout=240, env=None):
             out.close(), err.close()
     if late:
         raise AssertionError(f"{job}: the ranks did not finish within {timeout} s\n" +
-                             "\n---\n".join(err[-2000:] for _, err in texts))
+                             "\n---\n".join(err[-8000:] for _, err in texts))
     results = []
     for p, (out, err) in zip(procs, texts):
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
+import gc
 import os
 import socket
 import threading
@@ -56,6 +58,7 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
                 port = s.getsockname()[1]
             store.set("torchtpu/coordinator", f"{host}:{port}")
         address = store.get("torchtpu/coordinator").decode()
+        leave = _leave_store(store, rank, world, timeout)
         seconds = max(1, int(timeout.total_seconds()))
         if rt.platform == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -68,8 +71,24 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
                                    # (the runtime's view, _lost) well within the timeout
                                    heartbeat_timeout_seconds=min(100, max(5, seconds // 3)),
                                    shutdown_timeout_seconds=max(10, seconds))
-        _joined.update(rank=rank, world=world, store=store, timeout=timeout)
+        _joined.update(rank=rank, world=world, store=leave, timeout=timeout)
         atexit.register(_leave)
+
+
+def _leave_store(store, rank: int, world: int, timeout: datetime.timedelta):
+    """A store of our own for leaving at exit (rank 0 serves it), so that the group's store is not kept alive: torch's
+    rendezvous server is shared per port within a process, and a kept one would hand a later default group on the
+    same port the destroyed group's keys (its gloo addresses: the new group's connect then waits on a dead peer)."""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    host = "127.0.0.1" if host == "localhost" else host
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        own = dist.TCPStore(host, port, world, True, timeout, wait_for_workers=False, multi_tenant=False)
+        store.set("torchtpu/leave_store", str(port))
+        return own
+    return dist.TCPStore(host, int(store.get("torchtpu/leave_store").decode()), world, False, timeout)
 
 
 def _leave() -> None:
@@ -620,6 +639,20 @@ def register() -> None:
     if "tpu" in dist.Backend.backend_list:
         return
     dist.Backend.register_backend("tpu", _create, extended_api=True, devices=["tpu"])
+    destroy = dist.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        destroy(group)
+        if _joined:
+            # a destroyed group with a tpu backend lingers in reference cycles with its store; torch's rendezvous
+            # server is shared per port within a process, so a kept one would hand the next default group on that
+            # port this group's keys (its gloo addresses: the next group's connect waits on a dead peer; seen in 3
+            # of 8 re-inits). Collect them now, as the destroyed group would be freed without the tpu backend
+            gc.collect()
+
+    dist.destroy_process_group = destroy_process_group
+    dist.distributed_c10d.destroy_process_group = destroy_process_group
 
 
 __all__ = ["ProcessGroupTpu", "register"]
