@@ -52,11 +52,7 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
             raise RuntimeError("torchtpu: init_process_group('tpu') must come before the first tpu op of the process: "
                                "its XLA client joins the other ranks' when it starts, and it has started")
         if rank == 0:
-            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            with socket.socket() as s:
-                s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
-                port = s.getsockname()[1]
-            store.set("torchtpu/coordinator", f"{host}:{port}")
+            store.set("torchtpu/coordinator", f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{_free_port()}")
         address = store.get("torchtpu/coordinator").decode()
         leave = _leave_store(store, rank, world, timeout)
         seconds = max(1, int(timeout.total_seconds()))
@@ -75,16 +71,25 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
         atexit.register(_leave)
 
 
+def _master_host() -> str:
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    return "127.0.0.1" if host == "localhost" else host
+
+
+def _free_port() -> int:
+    """A port free on the master's address (rank 0 serves what it names)."""
+    with socket.socket() as s:
+        s.bind((_master_host(), 0))
+        return s.getsockname()[1]
+
+
 def _leave_store(store, rank: int, world: int, timeout: datetime.timedelta):
     """A store of our own for leaving at exit (rank 0 serves it), so that the group's store is not kept alive: torch's
     rendezvous server is shared per port within a process, and a kept one would hand a later default group on the
     same port the destroyed group's keys (its gloo addresses: the new group's connect then waits on a dead peer)."""
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    host = "127.0.0.1" if host == "localhost" else host
+    host = _master_host()
     if rank == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = _free_port()
         own = dist.TCPStore(host, port, world, True, timeout, wait_for_workers=False, multi_tenant=False)
         store.set("torchtpu/leave_store", str(port))
         return own
