@@ -245,17 +245,89 @@ MODELS = {"gpt2": gpt2, "llama": llama, "qwen2": qwen2, "mixtral": mixtral, "ber
           "resnet": resnet, "meta_llama": meta_llama}
 
 
+# -- sizes that change from step to step (the bounded-dynamic-shapes issue) ----------------------------------------
+class TopKMoE(nn.Module):
+    """A hand-written top-k mixture-of-experts layer: a softmax router, the top k experts per token with
+    renormalized weights, each expert's tokens found with `where` (a data-dependent count), gathered, run through
+    the expert's MLP and added back with `index_add_`."""
+
+    def __init__(self, d=32, hidden=64, experts=4, k=2):
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w_in = nn.ModuleList(nn.Linear(d, hidden) for _ in range(experts))
+        self.w_out = nn.ModuleList(nn.Linear(hidden, d) for _ in range(experts))
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.router(flat).softmax(-1).topk(self.k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for e, (w_in, w_out) in enumerate(zip(self.w_in, self.w_out)):
+            token, slot = torch.where(chosen == e)
+            y = w_out(F.gelu(w_in(flat[token])))
+            out.index_add_(0, token, y * weights[token, slot, None])
+        return out.reshape(x.shape)
+
+
+class MoELM(nn.Module):
+    def __init__(self, d=32, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.moes = nn.ModuleList(TopKMoE(d) for _ in range(layers))
+        self.head = nn.Linear(d, VOCAB)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for norm, moe in zip(self.norms, self.moes):
+            h = h + moe(norm(h))
+        return self.head(h)
+
+
+def topk_moe():
+    def loss(m, b):
+        logits = m(b["input_ids"][:, :-1])
+        return F.cross_entropy(logits.reshape(-1, VOCAB), b["input_ids"][:, 1:].reshape(-1))
+
+    return MoELM(), _lm_batches, loss
+
+
+def mixtral_eager_experts():
+    """Mixtral with transformers' "eager" experts: the per-expert loop (one_hot, nonzero, where, index_add_)
+    instead of `torch._grouped_mm`: every step's routing changes the counts every op after it sees."""
+    model, batches, loss = mixtral()
+    model.config._experts_implementation = "eager"
+    return model, batches, loss
+
+
+def _varlen_batches(n, bs=2, lo=17, hi=64, seed=0):
+    """Batches whose sequence length varies between lo and hi (a fixed draw per seed)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [{"input_ids": (ids := torch.randint(0, VOCAB, (bs, t), generator=g)), "labels": ids} for t in lengths]
+
+
+def gpt2_varlen():
+    model, _, loss = gpt2()
+    return model, _varlen_batches, loss
+
+
+# Not in MODELS (the zoo test's list): their sizes change every step.
+VARYING = {"topk_moe": topk_moe, "mixtral_eager_experts": mixtral_eager_experts, "gpt2_varlen": gpt2_varlen}
+
+
 def _to(batch, device):
     return {k: v.to(device) for k, v in batch.items()}
 
 
 def side_by_side(name, steps=5, seed=0, lr=1e-3):
-    """Trains the same model on cpu and tpu with AdamW. Returns a dict: losses per device, parameter counts,
-    step times, tpu counters (fallbacks, compiles), compiles after step 2."""
+    """Trains the same model on cpu and tpu with AdamW. Returns a dict: losses, step times, compiles and host syncs
+    per step per device, parameter counts, tpu counters (fallbacks, compiles), compiles after step 2."""
     import torchtpu
 
     torch.manual_seed(seed)
-    model, make_batches, loss_fn = MODELS[name]()
+    model, make_batches, loss_fn = {**MODELS, **VARYING}[name]()
     model.train()
     batches = make_batches(steps)
     twin = copy.deepcopy(model)
@@ -265,8 +337,9 @@ def side_by_side(name, steps=5, seed=0, lr=1e-3):
     for dev, m in (("cpu", model), ("tpu", twin)):
         opt = torch.optim.AdamW(m.parameters(), lr=lr)
         torchtpu.metrics.reset()
-        losses, times = [], []
+        losses, times, compiles, syncs = [], [], [], []
         for i, b in enumerate(batches):
+            c0 = torchtpu.metrics.counters()
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = loss_fn(m, _to(b, dev))
@@ -274,9 +347,12 @@ def side_by_side(name, steps=5, seed=0, lr=1e-3):
             opt.step()
             losses.append(loss.item())
             times.append(time.perf_counter() - t0)
+            c1 = torchtpu.metrics.counters()
+            compiles.append(c1.get("compiles", 0) - c0.get("compiles", 0))
+            syncs.append(c1.get("host_syncs", 0) - c0.get("host_syncs", 0))
             if i == 1:
-                compiles_before = torchtpu.metrics.counters().get("compiles", 0)
-        out[dev] = {"losses": losses, "times": times}
+                compiles_before = c1.get("compiles", 0)
+        out[dev] = {"losses": losses, "times": times, "compiles": compiles, "host_syncs": syncs}
         if dev == "tpu":
             c = torchtpu.metrics.counters()
             out["counters"] = c
