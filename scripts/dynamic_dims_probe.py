@@ -36,6 +36,29 @@ STATIC_CALLEE = TEXT.replace(f"@frag(%a: {DYN})", "@frag(%a: tensor<4x8xf32>)").
     f"%v = stablehlo.exponential %a : ({DYN}) -> tensor<4x8xf32>", "%v = stablehlo.exponential %a : tensor<4x8xf32>")
 
 
+# A bucketed storage fed back: its flat buffer holds the exact tensor's row-major data as a prefix (as results come
+# back). set_dimension_size gives the flat count; a dynamic_reshape (runtime shape vector) splits it into the bounded
+# 4x?(<=8) shape; a plain reshape to the same bounded type does not (it reads the data in padded layout).
+FEED_BACK = """
+module @probe {{
+  func.func public @main(%x: tensor<32xf32>, %n: tensor<i32>, %m: tensor<i32>) -> (tensor<4xf32>) {{
+    %d = stablehlo.set_dimension_size %x, %m, dim = 0 : (tensor<32xf32>, tensor<i32>) -> tensor<?xf32, #stablehlo.bounds<32>>
+    {split}
+    %z = stablehlo.constant dense<0.0> : tensor<f32>
+    %rows = stablehlo.reduce(%r init: %z) applies stablehlo.add across dimensions = [1] : ({dyn}, tensor<f32>) -> tensor<4xf32>
+    return %rows : tensor<4xf32>
+  }}
+}}
+"""
+SPLITS = {
+    "dynamic_reshape": """%four = stablehlo.constant dense<4> : tensor<1xi32>
+    %nn = stablehlo.reshape %n : (tensor<i32>) -> tensor<1xi32>
+    %shape = stablehlo.concatenate %four, %nn, dim = 0 : (tensor<1xi32>, tensor<1xi32>) -> tensor<2xi32>
+    %r = stablehlo.dynamic_reshape %d, %shape : (tensor<?xf32, #stablehlo.bounds<32>>, tensor<2xi32>) -> {dyn}""",
+    "reshape": "%r = stablehlo.reshape %d : (tensor<?xf32, #stablehlo.bounds<32>>) -> {dyn}",
+}
+
+
 def main():
     rt = runtime.get()
     x = np.arange(32, dtype=np.float32).reshape(4, 8) / 100
@@ -50,6 +73,13 @@ def main():
     print("get_dimension_size of a static-typed value:", int(count), f"(true size {n}, bound 8)")
     print("reshape to 32 comes back compact (valid values first):",
           np.allclose(flat[:4 * n], e.reshape(-1), rtol=1e-5))
+    compact = np.zeros(32, np.float32)
+    compact[:4 * n] = np.arange(1, 4 * n + 1)
+    want = np.arange(1, 4 * n + 1).reshape(4, n).sum(1)
+    for name, split in SPLITS.items():
+        exe = rt.compile(FEED_BACK.format(split=split.format(dyn=DYN), dyn=DYN))
+        (got,) = rt.execute(exe, [jax.device_put(a, rt.device(0)) for a in (compact, np.int32(n), np.int32(4 * n))])
+        print(f"compact prefix fed back through {name}: row sums {np.asarray(got)} (want {want})")
     try:
         rt.compile(STATIC_CALLEE)
         print("func.call with a static-typed callee: accepted")
