@@ -75,7 +75,7 @@ def sweep_section(full, jobs):
              f"Scope: {scope} ({len(res)} op/dtype pairs, {secs:.0f} s wall with {where}). "
              "Each sample runs on cpu and tpu and is compared, forward and, for differentiable float samples, "
              "the gradient; an (op, dtype) takes the worst status of its samples. "
-             "CI runs a subset: the first two float32 samples and the first complex64 sample of every op, and one float32 sample in its fused-mode pass (tests/test_opinfo.py); `TORCHTPU_SWEEP=full` runs "
+             "CI runs a subset: the first float32 and the first complex64 sample of every op in its strict pass, the second float32 sample in its fused-mode pass (tests/test_opinfo.py); `TORCHTPU_SWEEP=full` runs "
              "everything in pytest." + rerun_note,
              "Regenerate: `.venv/bin/python scripts/gen_ops_doc.py [--full [--jobs N]]`.", "",
              f"**Core ATen** (op_db entries whose ATen op carries `torch.Tag.core`, float32): {ran} samples ran; "

@@ -8,7 +8,7 @@
 # fails; the fused pass's output follows the strict pass's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -gt 0 ] || set -- tests
+[ $# -gt 0 ] || set -- tests --durations=15  # the slowest tests, for keeping CI within its budget
 log=$(mktemp -t torchtpu-fused-pass.XXXXXX)
 TORCHTPU_MODE=fused TORCHTPU_TEST_PINNED=run .venv/bin/python -m pytest -p no:cacheprovider "$@" >"$log" 2>&1 &
 fused=$!

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 import warnings
 
@@ -400,9 +401,10 @@ def run_sample(op, sample, dtype, grad=False) -> tuple[str, str]:
     return "lowered", ""
 
 
-def sweep(dtypes=DTYPES, max_samples=None, ops=None, progress=False, core_only=False, grad=True):
+def sweep(dtypes=DTYPES, max_samples=None, ops=None, progress=False, core_only=False, grad=True, sample_index=None):
     """Returns {(op name, variant, dtype): [(status, detail) per sample]}; with grad, differentiable float
-    samples also compare their gradients."""
+    samples also compare their gradients. sample_index: only that sample of each op (its last one if it has
+    fewer)."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     results = {}  # {(name, variant, dtype): [(status, detail)]}
@@ -422,9 +424,11 @@ def sweep(dtypes=DTYPES, max_samples=None, ops=None, progress=False, core_only=F
             try:
                 g = grad and _differentiable(dtype) and op.supports_autograd
                 samples = op.sample_inputs("cpu", dtype, requires_grad=g)
-                for i, s in enumerate(samples):
-                    if max_samples is not None and i >= max_samples:
-                        break
+                if sample_index is not None:
+                    samples = list(itertools.islice(samples, sample_index + 1))[-1:]
+                elif max_samples is not None:
+                    samples = itertools.islice(samples, max_samples)
+                for s in samples:
                     out.append(run_sample(op, s, dtype, grad=g))
             except Exception as e:  # the sample generator itself failed
                 out.append(("skipped", f"sample generation failed: {type(e).__name__}"))

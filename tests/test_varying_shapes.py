@@ -36,7 +36,7 @@ def test_topk_router_layer_forward_and_backward_match_cpu():
 
 
 def test_topk_router_model_trains_like_cpu_reading_only_the_counts():
-    steps = 3
+    steps = 2
     r = zoo.side_by_side("topk_moe", steps=steps)
     assert r["max_rel_diff"] < 1e-5, (r["cpu"]["losses"], r["tpu"]["losses"])
     assert not r["fallbacks"], r["fallbacks"]
@@ -45,7 +45,7 @@ def test_topk_router_model_trains_like_cpu_reading_only_the_counts():
 
 
 def test_training_over_lengths_from_17_to_64_matches_cpu_and_a_length_seen_before_compiles_nothing():
-    steps = 3
+    steps = 2
     r = zoo.side_by_side("gpt2_varlen", steps=steps)
     batches = zoo._varlen_batches(steps)
     assert len({b["input_ids"].shape[1] for b in batches}) == steps  # a new length every step
