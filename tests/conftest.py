@@ -15,7 +15,7 @@ import torchtpu  # noqa: F401  (registers the "tpu" device)
 def pytest_collection_modifyitems(config, items):
     """The suite runs twice (scripts/test.sh), the second time with TORCHTPU_MODE=fused: a test that pins the modes
     it runs in (marked pins_mode) would run the same thing twice, so one pass runs it. TORCHTPU_TEST_PINNED=run|skip
-    says which (scripts/test.sh gives them to the fused pass, the shorter one, to balance the two); by default the
+    says which (scripts/test.sh gives them to the fused pass, to balance the two passes' times); by default the
     strict pass runs them, so a plain `pytest tests` runs everything."""
     pinned = os.environ.get("TORCHTPU_TEST_PINNED") or (
         "run" if os.environ.get("TORCHTPU_MODE", "strict") == "strict" else "skip")
