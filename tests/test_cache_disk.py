@@ -1,6 +1,7 @@
 """The disk tier of the executable cache: warm processes compile nothing; bad entries and unsafe directories."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,30 +212,48 @@ print(json.dumps({"losses": losses, "compiles": c.get("compiles", 0), "lowerings
 """
 
 
+@pytest.fixture(scope="module")
+def compiled_cold(tmp_path_factory):
+    """One cold process of COMPILED, shared by the tests below (each copies its cache directory and works on the
+    copy): a cold process is the slow part of each test."""
+    d = tmp_path_factory.mktemp("compiled") / "c"
+    return _process(d, "fused", script=COMPILED), d
+
+
+def _copy_of(cold_dir, tmp_path):
+    d = tmp_path / "c"
+    shutil.copytree(cold_dir, d)
+    os.chmod(d, 0o700)
+    return d
+
+
 @pytest.mark.pins_mode
-def test_second_process_compiles_no_graph_again(tmp_path):
+def test_second_process_compiles_no_graph_again(tmp_path, compiled_cold):
     """torch.compile in a warm process: AOTAutograd's results come from the disk (no joint-graph tracing), the op
     table too (no lowering), the executables too (no XLA compile); same numbers."""
-    cold = _process(tmp_path / "c", "fused", script=COMPILED)
-    warm = _process(tmp_path / "c", "fused", script=COMPILED)
+    cold, cold_dir = compiled_cold
+    d = _copy_of(cold_dir, tmp_path)
+    warm = _process(d, "fused", script=COMPILED)
     assert cold["aot_misses"] == 2 and cold["aot_hits"] == 0, cold  # the training graph pair, the inference graph
     assert warm["aot_hits"] == 2 and warm["aot_misses"] == 0, warm
     assert warm["compiles"] == 0 and warm["lowerings"] == 0, warm
     assert warm["losses"] == cold["losses"]
-    assert len(list((tmp_path / "c").glob("*.aot"))) == 2 and len(list((tmp_path / "c").glob("optable-*.bin"))) == 1
+    assert len(list(d.glob("*.aot"))) == 2 and len(list(d.glob("optable-*.bin"))) == 1
 
 
 # every kind of damage is tested on executables above; these entries are read by the same checked reader
 @pytest.mark.parametrize("which,how", [("*.aot", "bit-flipped"), ("*.aot", "truncated"),
                                        ("optable-*.bin", "bit-flipped")])
 @pytest.mark.pins_mode
-def test_bad_graph_or_op_table_entry_is_detected_and_replaced(tmp_path, which, how):
-    d = tmp_path / "c"
-    cold = _process(d, "strict", script=COMPILED)
-    for path in d.glob(which):
+def test_bad_graph_or_op_table_entry_is_detected_and_replaced(tmp_path, which, how, compiled_cold):
+    cold, cold_dir = compiled_cold
+    d = _copy_of(cold_dir, tmp_path)
+    damaged = list(d.glob(which))
+    assert damaged, sorted(p.name for p in d.iterdir())
+    for path in damaged:
         _damage(path, how)
-    warm, err = _process(d, "strict", script=COMPILED, stderr=True)
+    warm, err = _process(d, "fused", script=COMPILED, stderr=True)
     assert "compiling anew and replacing it" in err, err[-2000:]
     assert warm["losses"] == cold["losses"] and warm["bad"] >= 1
-    again = _process(d, "strict", script=COMPILED)  # replaced by whole, valid entries
+    again = _process(d, "fused", script=COMPILED)  # replaced by whole, valid entries
     assert again["bad"] == 0 and again["aot_hits"] == 2 and again["lowerings"] == 0 and again["compiles"] == 0

@@ -62,6 +62,7 @@ def test_training_step_two_on_compiles_nothing_in_every_mode():
         assert max(abs(a - b) / abs(a) for a, b in zip(cpu, losses)) < 1e-5, (m, cpu, losses)
 
 
+@pytest.mark.pins_mode
 def test_warmed_up_training_step_runs_no_python_lowering_code():
     """On an op-table hit no Python runs but the one jaxlib call that launches: the rules, the tracer and the
     StableHLO builder are not even entered."""
