@@ -47,6 +47,14 @@ std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> g_ops;
 
 bool is_number_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::NumberType; }
 
+// Ops whose `float` arguments (not only their Scalars) are runtime values: the fused optimizers, whose learning
+// rate changes every step under a schedule (keyed by value, each step would lower and compile anew). Elsewhere
+// a `float` is keyed by value, as rules written for plain floats expect.
+bool floats_at_run_time(const std::string& name) {
+  const std::string base = name.substr(0, name.find('.'));
+  return base == "_fused_adam_" || base == "_fused_adamw_" || base == "_fused_sgd_";
+}
+
 OpInfo* op_info_slow(const c10::FunctionSchema* schema);
 
 OpInfo* op_info(const c10::OperatorHandle& op) {
@@ -70,6 +78,7 @@ OpInfo* op_info_slow(const c10::FunctionSchema* schema) {
   info->name = runtime::op_name(*schema);
   info->nargs = schema->arguments().size();
   info->is_copy = info->name == "copy_";
+  const bool runtime_floats = floats_at_run_time(info->name);
   for (const auto& a : schema->arguments()) {
     c10::TypePtr t = a.type();
     bool optional = false;
@@ -87,7 +96,7 @@ OpInfo* op_info_slow(const c10::FunctionSchema* schema) {
           el->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::TensorType)
         k = ArgKind::kOptTensorList;
       if (is_number_type(el)) k = ArgKind::kNumberList;
-    } else if (is_number_type(t)) {
+    } else if (is_number_type(t) || (runtime_floats && t->kind() == c10::TypeKind::FloatType)) {
       k = ArgKind::kNumber;
     }
     (void)optional;

@@ -1,0 +1,96 @@
+"""The fused optimizers (``torch.optim.Adam/AdamW(fused=True)``, what Hugging Face's Trainer picks by default): one
+op per step over every parameter, so one op-table entry and one fragment instead of a dozen ``_foreach_*`` calls,
+and no CPU fallback. The learning rate and the other float hyper-parameters are runtime values (csrc/executor/
+kernel.cpp ``floats_at_run_time``): a schedule changes them every step without a new lowering or compile.
+
+Semantics follow PyTorch's CPU kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp): grads divided by
+``grad_scale`` (and written back unscaled), no update at all where ``found_inf`` is set, math in float32 for
+half-precision tensors. The bias corrections use the device's step counters (``1 - beta**step`` as
+``-expm1(step * log(beta))``, accurate in float32 where ``1 - beta2**step`` is not for small steps)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import emit as E
+from ..tables import META, inplace_lowering
+from ..hlo import Value
+from ..trace import plain
+
+
+def _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay,
+          eps, amsgrad, maximize, grad_scale, found_inf, decoupled):
+    f32 = torch.float32
+    if not params:
+        return ()
+    fn = params[0].fn
+    lr_v = E.convert(E.reshape(lr, ()), f32) if isinstance(lr, Value) else tr.scalar(lr, f32)
+    eps_v = tr.scalar(eps, f32)
+    # the betas shape the bias corrections' logarithms, taken on the host in double (keyed by value: they are
+    # constants of a run, where the learning rate is not)
+    b1, b2 = float(beta1), float(beta2)
+    one = E.const(fn, 1.0, f32)
+    wd = plain(weight_decay)
+    wd_v = tr.scalar(weight_decay, f32) if wd != 0 else None
+    scale = E.convert(E.reshape(grad_scale, ()), f32) if grad_scale is not None else None
+    skip = None
+    if found_inf is not None:
+        skip = E.compare(E.convert(E.reshape(found_inf, ()), f32), E.const(fn, 0.0, f32), "NE")
+    new_params = []
+    for i, p in enumerate(params):
+        shape, dt = p.shape, p.dtype
+        acc = f32 if dt in (torch.float16, torch.bfloat16) else dt
+        S = lambda v: E.broadcast_to(E.convert(v, acc), shape)  # noqa: E731  (a scalar over the tensor)
+        pv, g, m, v = (E.convert(x, acc) for x in (p, grads[i], exp_avgs[i], exp_avg_sqs[i]))
+        if scale is not None:
+            g = E.div(g, S(scale))
+            gstore = g
+        if maximize:
+            g = E.unary("negate", g)
+        if wd_v is not None:
+            if decoupled:
+                pv = E.mul(pv, S(E.sub(one, E.mul(lr_v, wd_v))))
+            else:
+                g = E.add(g, E.mul(pv, S(wd_v)))
+        m = E.add(m, E.mul(E.sub(g, m), E.const(fn, 1 - b1, acc, shape)))
+        v = E.add(E.mul(v, E.const(fn, b2, acc, shape)), E.mul(E.mul(g, g), E.const(fn, 1 - b2, acc, shape)))
+        step = E.convert(E.reshape(state_steps[i], ()), f32)
+        bc1 = E.unary("negate", E.unary("exponential_minus_one", E.mul(step, E.const(fn, math.log(b1), f32))))
+        bc2 = E.unary("negate", E.unary("exponential_minus_one", E.mul(step, E.const(fn, math.log(b2), f32))))
+        step_size = E.div(lr_v, bc1)
+        vmax = v
+        if amsgrad:
+            vmax = E.maximum(E.convert(max_exp_avg_sqs[i], acc), v)
+        denom = E.add(E.div(E.unary("sqrt", vmax), S(E.unary("sqrt", bc2))), S(eps_v))
+        pv = E.sub(pv, E.mul(S(step_size), E.div(m, denom)))
+        outs = [(p, pv), (exp_avgs[i], m), (exp_avg_sqs[i], v)]
+        if amsgrad:
+            outs.append((max_exp_avg_sqs[i], vmax))
+        if scale is not None:
+            outs.append((grads[i], gstore))
+        for j, (old, new) in enumerate(outs):
+            new = E.convert(new, old.dtype)
+            if skip is not None:
+                new = E.select(E.broadcast_to(skip, shape), old, new)
+            if j == 0:
+                new_params.append(new)
+            else:
+                tr.update(old, new)
+    return tuple(new_params)
+
+
+def _register(name, decoupled):
+    def rule(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+             weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+        return _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+                     weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled)
+
+    rule.__name__ = name
+    inplace_lowering(name)(rule)
+    inplace_lowering(f"{name}.tensor_lr")(rule)
+    META[f"{name}.tensor_lr"] = lambda *args, **kwargs: None  # PyTorch has no meta kernel for it; it returns nothing
+
+
+_register("_fused_adam_", False)
+_register("_fused_adamw_", True)
