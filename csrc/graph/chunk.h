@@ -15,6 +15,7 @@ struct Chunk {
   std::vector<NodePtr> nodes;
   std::vector<BufferPtr> leaves;
   std::vector<bool> donated;
+  std::vector<int32_t> alias;  // per leaf: the output written over its buffer in place (-1: none)
   // per node, per input: (leaf index, -1) or (-1, local node index) and the result index
   std::vector<c10::SmallVector<std::array<int32_t, 3>, 4>> wiring;
   std::vector<std::pair<int32_t, int32_t>> outputs;  // (local node, result)

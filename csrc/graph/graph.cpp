@@ -143,6 +143,8 @@ void append_int(std::string& key, int64_t v) {
 
 // Detaches pending nodes of the device into a chunk: the first `count`, or those `selected` marks (in record
 // order). Caller holds exec_mutex().
+void pair_in_place(Chunk& c, bool any_donated);
+
 Chunk detach(c10::DeviceIndex device, size_t count, const std::vector<bool>* selected = nullptr) {
   DeviceGraph& g = g_graphs[device];
   Chunk c;
@@ -250,15 +252,68 @@ Chunk detach(c10::DeviceIndex device, size_t count, const std::vector<bool>* sel
   append_int(c.key, -2);
   c.donated.assign(c.leaves.size(), false);
   // (a leaf's type is its fragment parameter's: the wiring already keys it)
+  bool any_donated = false;
   for (size_t li = 0; li < c.leaves.size(); ++li) {
     const auto held = static_cast<int64_t>(c.leaves[li].use_count());
     if (held == 1 + leaf_refs[li]) {
       c.donated[li] = true;
+      any_donated = true;
       append_int(c.key, static_cast<int64_t>(li));
     }
   }
+  pair_in_place(c, any_donated);
   for (auto& n : c.nodes) n->chunk_pos = -1;
   return c;
+}
+
+// In-place pairs: a donated leaf and the output that is its storage's new value (the end of the chain of nodes
+// each of which overwrites the value before it in a storage), which the program writes over the leaf's buffer
+// (tf.aliasing_output). Left to XLA (jax.buffer_donor), donors are matched to outputs by type alone: a parameter
+// given its moment's buffer makes XLA copy both in and out (AdamW: every tensor twice).
+void pair_in_place(Chunk& c, bool any_donated) {
+  c.alias.assign(c.leaves.size(), -1);
+  if (!any_donated) return;
+  auto at = [](int64_t j, int64_t r) { return (j << 32) | r; };
+  std::unordered_map<int64_t, int32_t> output_of;
+  for (size_t k = 0; k < c.outputs.size(); ++k) output_of.emplace(at(c.outputs[k].first, c.outputs[k].second), k);
+  std::vector<int64_t> first(c.leaves.size(), -1);
+  std::unordered_map<int64_t, int64_t> next;  // (node, result) -> the (node, result) that overwrites it
+  for (size_t j = 0; j < c.nodes.size(); ++j) {
+    const Node& n = *c.nodes[j];
+    for (size_t r = 0; r < n.replaces.size(); ++r) {
+      const int32_t k = n.replaces[r];
+      if (k < 0 || static_cast<size_t>(k) >= c.wiring[j].size()) continue;
+      const auto& w = c.wiring[j][k];
+      if (w[0] >= 0 && w[1] < 0) {
+        if (first[w[0]] < 0) first[w[0]] = at(j, r);
+      } else if (w[1] >= 0) {
+        next.emplace(at(w[1], w[2]), at(j, r));
+      }
+    }
+  }
+  std::vector<bool> taken(c.outputs.size(), false);
+  append_int(c.key, -3);
+  for (size_t li = 0; li < c.leaves.size(); ++li) {
+    if (!c.donated[li] || first[li] < 0) continue;
+    int64_t cur = first[li];
+    for (size_t hops = 0; hops <= c.nodes.size(); ++hops) {
+      auto o = output_of.find(cur);
+      if (o != output_of.end()) {
+        const auto& out = c.outputs[o->second];
+        if (!taken[o->second] &&
+            c.nodes[out.first]->frag->result_types[out.second] == mlir_type(c.leaves[li]->type)) {
+          taken[o->second] = true;
+          c.alias[li] = o->second;
+          append_int(c.key, static_cast<int64_t>(li));
+          append_int(c.key, o->second);
+        }
+        break;
+      }
+      auto nx = next.find(cur);
+      if (nx == next.end()) break;
+      cur = nx->second;
+    }
+  }
 }
 
 const char* kPackF = "%pf";
@@ -445,7 +500,9 @@ std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
   bool first = true;
   for (size_t li = 0; li < c.leaves.size(); ++li) {
     m << (first ? "" : ", ") << "%l" << li << ": " << mlir_type(c.leaves[li]->type)
-      << (c.donated[li] ? " {jax.buffer_donor = true}" : "");
+      << (c.alias[li] >= 0 ? " {tf.aliasing_output = " + std::to_string(c.alias[li]) + " : i32}"
+          : c.donated[li] ? " {jax.buffer_donor = true}"
+                          : "");
     first = false;
   }
   if (nf) {
