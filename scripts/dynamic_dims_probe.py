@@ -58,6 +58,31 @@ SPLITS = {
     "reshape": "%r = stablehlo.reshape %d : (tensor<?xf32, #stablehlo.bounds<32>>) -> {dyn}",
 }
 
+# A count inside a fragment: get_dimension_size of the fragment's bounded-typed parameter is the runtime size (one
+# executable serves every size of the bucket); of a static-typed intermediate (the exp below) it folds to the bound.
+COUNT = f"""
+module @probe {{{{
+  func.func public @main(%x: tensor<4x8xf32>, %n: tensor<i32>) -> (tensor<4xf32>, tensor<4xf32>) {{{{
+    %d = stablehlo.set_dimension_size %x, %n, dim = 1 : (tensor<4x8xf32>, tensor<i32>) -> {DYN}
+    %e:2 = "func.call"(%d) {{{{callee = @frag}}}} : ({DYN}) -> (tensor<4xf32>, tensor<4xf32>)
+    return %e#0, %e#1 : tensor<4xf32>, tensor<4xf32>
+  }}}}
+  func.func private @frag(%a: {DYN}) -> (tensor<4xf32>, tensor<4xf32>) {{{{
+    %v = stablehlo.exponential %a : ({DYN}) -> tensor<4x8xf32>
+    %z = stablehlo.constant dense<0.0> : tensor<f32>
+    %s = stablehlo.reduce(%v init: %z) applies stablehlo.add across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
+    {{mean}}
+    return %m, %m2 : tensor<4xf32>, tensor<4xf32>
+  }}}}
+}}}}
+"""
+MEAN = "\n    ".join(
+    f"%c{k} = stablehlo.get_dimension_size {src}, dim = 1 : ({ty}) -> tensor<i32>\n"
+    f"    %f{k} = stablehlo.convert %c{k} : (tensor<i32>) -> tensor<f32>\n"
+    f"    %b{k} = stablehlo.broadcast_in_dim %f{k}, dims = [] : (tensor<f32>) -> tensor<4xf32>\n"
+    f"    %m{k if k else ''} = stablehlo.divide %s, %b{k} : tensor<4xf32>"
+    for k, src, ty in ((0, "%a", DYN), (2, "%v", "tensor<4x8xf32>"))).replace("%m0 ", "%m ")
+
 
 def main():
     rt = runtime.get()
@@ -80,6 +105,14 @@ def main():
         exe = rt.compile(FEED_BACK.format(split=split.format(dyn=DYN), dyn=DYN))
         (got,) = rt.execute(exe, [jax.device_put(a, rt.device(0)) for a in (compact, np.int32(n), np.int32(4 * n))])
         print(f"compact prefix fed back through {name}: row sums {np.asarray(got)} (want {want})")
+    exe = rt.compile(COUNT.format(mean=MEAN))
+    for size in (3, 5):
+        m, m2 = (np.asarray(r) for r in rt.execute(exe, [jax.device_put(x, rt.device(0)),
+                                                          jax.device_put(np.int32(size), rt.device(0))]))
+        want = np.exp(x[:, :size]).mean(1)
+        print(f"mean over the dynamic dim (size {size}, one executable): get_dimension_size of the bounded parameter "
+              f"{'right' if np.allclose(m, want, rtol=1e-5) else 'WRONG'}, of a static-typed intermediate "
+              f"{'right' if np.allclose(m2, want, rtol=1e-5) else 'wrong (the bound)'}")
     try:
         rt.compile(STATIC_CALLEE)
         print("func.call with a static-typed callee: accepted")
