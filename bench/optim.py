@@ -7,6 +7,7 @@ Run: .venv/bin/python bench/optim.py [--steps 40]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -28,7 +29,7 @@ def variant(build, device, fused, mode=None):
     grads = [torch.randn_like(p) for p in model.parameters()]
 
     def step():
-        with torchtpu.mode(mode) if mode else torch.no_grad():
+        with torchtpu.mode(mode) if mode else contextlib.nullcontext():
             for p, g in zip(model.parameters(), grads):
                 p.grad = g.clone()
             if device == "tpu":

@@ -73,14 +73,16 @@ void StorageHandle::set_buffer(BufferPtr b) {
 
 void StorageHandle::set_pending(NodePtr n, int32_t i) {
   // the node reads the value it replaces here: remember which input (an in-place update)
-  for (size_t k = 0; k < n->inputs.size() && state != State::kEmpty && state != State::kFailed; ++k) {
-    const ValueRef& in = n->inputs[k];
-    const bool same = state == State::kBuffer ? (in.leaf && in.leaf.get() == buffer.get())
-                                              : (in.node && in.node.get() == node.get() && in.index == index);
-    if (same) {
-      if (n->replaces.size() <= static_cast<size_t>(i)) n->replaces.resize(i + 1, -1);
-      n->replaces[i] = static_cast<int32_t>(k);
-      break;
+  if (state == State::kBuffer || state == State::kPending) {
+    for (size_t k = 0; k < n->inputs.size(); ++k) {
+      const ValueRef& in = n->inputs[k];
+      const bool same = state == State::kBuffer ? (in.leaf && in.leaf.get() == buffer.get())
+                                                : (in.node && in.node.get() == node.get() && in.index == index);
+      if (same) {
+        if (n->replaces.size() <= static_cast<size_t>(i)) n->replaces.resize(i + 1, -1);
+        n->replaces[i] = static_cast<int32_t>(k);
+        break;
+      }
     }
   }
   n->live[i] += 1;  // before clear(): the node may be the one this handle points at now

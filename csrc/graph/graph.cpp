@@ -141,10 +141,10 @@ void append_int(std::string& key, int64_t v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
-// Detaches pending nodes of the device into a chunk: the first `count`, or those `selected` marks (in record
-// order). Caller holds exec_mutex().
 void pair_in_place(Chunk& c, bool any_donated);
 
+// Detaches pending nodes of the device into a chunk: the first `count`, or those `selected` marks (in record
+// order). Caller holds exec_mutex().
 Chunk detach(c10::DeviceIndex device, size_t count, const std::vector<bool>* selected = nullptr) {
   DeviceGraph& g = g_graphs[device];
   Chunk c;

@@ -14,8 +14,8 @@ import math
 import torch
 
 from .. import emit as E
-from ..tables import META, inplace_lowering
 from ..hlo import Value
+from ..tables import META, inplace_lowering
 from ..trace import plain
 
 
