@@ -16,10 +16,18 @@ def pytest_collection_modifyitems(config, items):
     """The suite runs twice (scripts/test.sh), the second time with TORCHTPU_MODE=fused: a test that pins the modes
     it runs in (marked pins_mode) would run the same thing twice, so one pass runs it. TORCHTPU_TEST_PINNED=run|skip
     says which (scripts/test.sh gives them to the fused pass, to balance the two passes' times); by default the
-    strict pass runs them, so a plain `pytest tests` runs everything."""
-    pinned = os.environ.get("TORCHTPU_TEST_PINNED") or (
-        "run" if os.environ.get("TORCHTPU_MODE", "strict") == "strict" else "skip")
-    if pinned == "run":
+    strict pass runs them, so a plain `pytest tests` runs everything. Slow tests that run in the suite's mode but
+    need not run in both (marked one_pass("strict") or one_pass("fused")) run in that pass only when the suite is
+    split (TORCHTPU_TEST_PINNED set); a plain `pytest tests` runs them in its mode."""
+    split = os.environ.get("TORCHTPU_TEST_PINNED")
+    mode = os.environ.get("TORCHTPU_MODE", "strict")
+    if split:  # scripts/test.sh's two passes: a test marked one_pass(m) runs in the pass of mode m only
+        other = pytest.mark.skip(reason="shared over the two passes of the suite (scripts/test.sh): the other runs it")
+        for item in items:
+            marker = item.get_closest_marker("one_pass")
+            if marker and marker.args[0] != mode:
+                item.add_marker(other)
+    if (split or ("run" if mode == "strict" else "skip")) == "run":
         return
     skip = pytest.mark.skip(reason="pins its own modes: the other pass of the suite (scripts/test.sh) runs it")
     for item in items:

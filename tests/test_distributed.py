@@ -1,7 +1,8 @@
 """Distributed training on tpu through the c10d backend "tpu" (torchtpu/distributed.py).
 
 The ranks run in the suite's mode (TORCHTPU_MODE, which they inherit: CI runs the suite in strict and in fused
-mode). Each test starts its ranks itself (tests/dist_worker.py, 2 processes on loopback, one XLA:CPU device each, torch's
+mode; each test runs in one of the two passes, marked one_pass: those whose collectives cut fused chunks in the
+fused pass). Each test starts its ranks itself (tests/dist_worker.py, 2 processes on loopback, one XLA:CPU device each, torch's
 env rendezvous), bounds them in time and kills what is left. Training jobs are compared with the same training in
 one process on CPU, computed here.
 """
@@ -78,6 +79,7 @@ def _ok(results):
     return [res for _, res, _ in results]
 
 
+@pytest.mark.one_pass("fused")
 def test_each_collective_matches_gloo_on_cpu():
     ranks = _ok(run_ranks("collectives"))
     for rank, res in enumerate(ranks):
@@ -112,16 +114,19 @@ def _assert_matches(ranks, ref, per_rank_batch=True, tol=1e-5):
             assert abs(r["param_sums"][k] - v) <= 10 * tol * max(1.0, abs(v)), (k, r["param_sums"][k], v)
 
 
+@pytest.mark.one_pass("fused")
 def test_ddp_trains_like_one_process_on_cpu():
     _assert_matches(_ok(run_ranks("ddp")), _cpu_reference())
 
 
+@pytest.mark.one_pass("strict")
 def test_fsdp2_trains_like_one_process_on_cpu():
     ranks = _ok(run_ranks("fsdp2"))
     assert ranks[0]["sharded"] == ["DTensor"]
     _assert_matches(ranks, _cpu_reference())
 
 
+@pytest.mark.one_pass("fused")
 def test_fsdp2_mixed_precision_trains_close_to_float32():
     ranks = _ok(run_ranks("fsdp2_mixed"))
     losses, _ = _cpu_reference()
@@ -131,12 +136,14 @@ def test_fsdp2_mixed_precision_trains_close_to_float32():
     assert ranks[0]["dtypes"] == ["torch.float32"]  # parameters and gradients stay float32
 
 
+@pytest.mark.one_pass("strict")
 def test_tensor_parallel_with_dtensor_trains_like_one_process_on_cpu():
     ranks = _ok(run_ranks("tensor_parallel"))
     _assert_matches(ranks, _cpu_reference(), per_rank_batch=False)
     assert ranks[0]["losses"] == ranks[1]["losses"]
 
 
+@pytest.mark.one_pass("fused")
 def test_two_stage_pipeline_where_ranks_run_different_code():
     ranks = _ok(run_ranks("pipeline"))
     losses, sums = _cpu_reference()
@@ -148,6 +155,7 @@ def test_two_stage_pipeline_where_ranks_run_different_code():
             assert abs(v - sums[k]) <= 1e-4 * max(1.0, abs(sums[k])), (k, v, sums[k])
 
 
+@pytest.mark.one_pass("strict")
 def test_checkpoint_written_by_two_ranks_loads_in_one_process(tmp_path):
     import torch.distributed.checkpoint as dcp
 
@@ -160,6 +168,7 @@ def test_checkpoint_written_by_two_ranks_loads_in_one_process(tmp_path):
         assert abs(v.float().sum().item() - ranks[0]["param_sums"][k]) <= 1e-5 * max(1.0, abs(v.float().sum().item()))
 
 
+@pytest.mark.one_pass("strict")
 def test_a_lost_rank_makes_the_survivor_raise_within_the_timeout():
     t0 = time.time()
     results = run_ranks("lost_rank", 20, timeout=180)
@@ -172,11 +181,13 @@ def test_a_lost_rank_makes_the_survivor_raise_within_the_timeout():
     assert time.time() - t0 < 150
 
 
+@pytest.mark.one_pass("strict")
 def test_dtensor_placements_on_1d_and_2d_meshes():
     for rank, res in enumerate(_ok(run_ranks("dtensor"))):
         assert all(res.values()) and len(res) == 15, (rank, res)
 
 
+@pytest.mark.one_pass("fused")
 def test_mismatched_collectives_raise_on_every_rank_and_the_group_stays_usable():
     for rank, res in enumerate(_ok(run_ranks("mismatch", timeout=120))):
         for kind in ("shape", "dtype", "order"):
