@@ -1,4 +1,4 @@
-"""torch.optim.Adam/AdamW(fused=True) (Hugging Face Trainer's default optimizer): one tpu op per step, the same
+"""torch.optim.Adam/AdamW/SGD(fused=True) (Hugging Face Trainer's default optimizer): one tpu op per step, the same
 numbers as PyTorch's CPU fused kernel, no CPU fallback, and a learning-rate schedule that compiles nothing new."""
 import pytest
 import torch
@@ -31,15 +31,18 @@ def _train(device, opt_cls, steps=5, tensor_lr=False, **kw):
     (torch.optim.Adam, dict(weight_decay=0.1, amsgrad=True)),
     (torch.optim.AdamW, dict(maximize=True, amsgrad=True, betas=(0.8, 0.9), eps=1e-6)),
     (torch.optim.AdamW, dict(tensor_lr=True)),
+    (torch.optim.SGD, {}),
+    (torch.optim.SGD, dict(momentum=0.9, nesterov=True, weight_decay=0.1)),
+    (torch.optim.SGD, dict(momentum=0.8, dampening=0.3, maximize=True, tensor_lr=True)),
 ])
-def test_fused_adam_matches_cpu_in_one_op_and_a_schedule_compiles_nothing(opt_cls, kw):
+def test_fused_optimizer_matches_cpu_in_one_op_and_a_schedule_compiles_nothing(opt_cls, kw):
     cpu, _ = _train("cpu", opt_cls, **kw)
     tpu, compiles = _train("tpu", opt_cls, **kw)
     for a, b in zip(cpu, tpu):  # params, step counters, moments
         torch.testing.assert_close(b, a, rtol=2e-5, atol=1e-7)
     c = torchtpu.metrics.counters()
     assert not [k for k in c if k.startswith("fallback.")], c
-    name = "op._fused_adamw_" if opt_cls is torch.optim.AdamW else "op._fused_adam_"
+    name = {torch.optim.AdamW: "op._fused_adamw_", torch.optim.Adam: "op._fused_adam_"}.get(opt_cls, "op._fused_sgd_")
     assert c.get(name, 0) + c.get(name + ".tensor_lr", 0) == 5, c
     assert sum(compiles[2:]) == 0, compiles  # the learning rate is a runtime value
 
@@ -58,6 +61,24 @@ def test_grad_scale_and_found_inf_as_cpu():
                                 eps=1e-8, amsgrad=False, maximize=False, grad_scale=torch.tensor(4.0).to(dev),
                                 found_inf=torch.tensor(inf).to(dev))
             outs.append([x.cpu() for x in p + gr + m + v])
+        for a, b in zip(*outs):
+            torch.testing.assert_close(b, a, rtol=2e-6, atol=1e-7)
+        if inf:
+            assert all(torch.equal(a, b) for a, b in zip(outs[1], [x for lst in lists for x in lst]))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fused_sgd_grad_scale_and_found_inf_as_cpu(momentum):
+    g = torch.Generator().manual_seed(2)
+    lists = [[torch.randn(4, 3, generator=g) for _ in range(2)] for _ in range(3)]
+    for inf in (0.0, 1.0):
+        outs = []
+        for dev in ("cpu", "tpu"):
+            p, gr, buf = [[x.clone().to(dev) for x in lst] for lst in lists]
+            torch._fused_sgd_(p, gr, buf if momentum else [], weight_decay=0.01, momentum=momentum, lr=0.1,
+                              dampening=0.0, nesterov=False, maximize=False, is_first_step=False,
+                              grad_scale=torch.tensor(4.0).to(dev), found_inf=torch.tensor(inf).to(dev))
+            outs.append([x.cpu() for x in p + gr + buf])
         for a, b in zip(*outs):
             torch.testing.assert_close(b, a, rtol=2e-6, atol=1e-7)
         if inf:

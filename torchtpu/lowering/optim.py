@@ -1,11 +1,11 @@
-"""The fused optimizers (``torch.optim.Adam/AdamW(fused=True)``, what Hugging Face's Trainer picks by default): one
+"""The fused optimizers (``torch.optim.Adam/AdamW/SGD(fused=True)``; fused AdamW is what Hugging Face's Trainer picks by default): one
 op per step over every parameter, so one op-table entry and one fragment instead of a dozen ``_foreach_*`` calls,
 and no CPU fallback. The learning rate and the other float hyper-parameters are runtime values (csrc/executor/
 kernel.cpp ``floats_at_run_time``): a schedule changes them every step without a new lowering or compile.
 
 Semantics follow PyTorch's CPU kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp): grads divided by
 ``grad_scale`` (and written back unscaled), no update at all where ``found_inf`` is set, math in float32 for
-half-precision tensors. The bias corrections use the device's step counters (``1 - beta**step`` as
+half-precision tensors (SGD: aten/src/ATen/native/cpu/FusedSGDKernel.cpp, the same grad_scale and found_inf). The bias corrections use the device's step counters (``1 - beta**step`` as
 ``-expm1(step * log(beta))``, accurate in float32 where ``1 - beta2**step`` is not for small steps)."""
 from __future__ import annotations
 
@@ -94,3 +94,57 @@ def _register(name, decoupled):
 
 _register("_fused_adam_", False)
 _register("_fused_adamw_", True)
+
+
+def _sgd(tr, params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
+         is_first_step, grad_scale=None, found_inf=None):
+    """SGD's step: decay added to the gradient, then momentum (the first step's buffer is the gradient itself),
+    Nesterov or not; ``momentum``'s being zero (keyed by value, like every 0) decides whether there are buffers."""
+    if not params:
+        return ()
+    f32 = torch.float32
+    fn = params[0].fn
+    lr_v = E.convert(E.reshape(lr, ()), f32) if isinstance(lr, Value) else tr.scalar(lr, f32)
+    wd_v = tr.scalar(weight_decay, f32) if plain(weight_decay) != 0 else None
+    mom_v = tr.scalar(momentum, f32) if plain(momentum) != 0 else None
+    damp_keep = E.sub(E.const(fn, 1.0, f32), tr.scalar(dampening, f32)) if mom_v is not None else None
+    scale = E.convert(E.reshape(grad_scale, ()), f32) if grad_scale is not None else None
+    skip = None
+    if found_inf is not None:
+        skip = E.compare(E.convert(E.reshape(found_inf, ()), f32), E.const(fn, 0.0, f32), "NE")
+    new_params = []
+    for i, p in enumerate(params):
+        shape, dt = p.shape, p.dtype
+        acc = f32 if dt in (torch.float16, torch.bfloat16) else dt
+        S = lambda v: E.broadcast_to(E.convert(v, acc), shape)  # noqa: E731  (a scalar over the tensor)
+        pv, g = E.convert(p, acc), E.convert(grads[i], acc)
+        outs = []
+        if scale is not None:
+            g = E.div(g, S(scale))
+            outs.append((grads[i], g))
+        if maximize:
+            g = E.unary("negate", g)
+        if wd_v is not None:
+            g = E.add(g, E.mul(pv, S(wd_v)))
+        if mom_v is not None:
+            if is_first_step:
+                buf = g
+            else:
+                buf = E.add(E.mul(E.convert(momentum_buffer_list[i], acc), S(mom_v)), E.mul(g, S(damp_keep)))
+            outs.append((momentum_buffer_list[i], buf))
+            g = E.add(g, E.mul(buf, S(mom_v))) if nesterov else buf
+        pv = E.sub(pv, E.mul(g, S(lr_v)))
+        for old, new in [(p, pv)] + outs:
+            new = E.convert(new, old.dtype)
+            if skip is not None:
+                new = E.select(E.broadcast_to(skip, shape), old, new)
+            if old is p:
+                new_params.append(new)
+            else:
+                tr.update(old, new)
+    return tuple(new_params)
+
+
+inplace_lowering("_fused_sgd_", "_fused_sgd_.tensor_lr")(_sgd)
+for _name in ("_fused_sgd_", "_fused_sgd_.tensor_lr"):
+    META[_name] = lambda *args, **kwargs: None  # no meta kernel in PyTorch; it returns nothing
