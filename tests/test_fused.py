@@ -124,8 +124,37 @@ def test_loop_without_syncs_is_cut_by_its_repeats_and_compiles_nothing_more():
         torchtpu.sync()
 
 
+@pytest.mark.pins_mode
+def test_a_loop_of_few_wide_nodes_is_cut_by_weight_not_after_256_of_them():
+    """An optimizer step alone is a few foreach nodes over every parameter: the repeated-structure rule also counts
+    the tensors they write (1024 by default), so its chunks hold a few steps, not 256 foreach nodes' thousands of
+    tensor updates (tens of seconds of compiling each)."""
+    torch.manual_seed(0)
+    params = [torch.randn(3, 5) for _ in range(16)]
+    grads = [torch.randn(3, 5) for _ in params]
+    results = []
+    for device in ("cpu", "tpu"):
+        ps = [p.clone().to(device).requires_grad_() for p in params]
+        opt = torch.optim.Adam(ps, lr=0.01, foreach=True)
+        torchtpu.sync()
+        with torchtpu.mode("fused"):
+            torchtpu.metrics.reset()
+            for _ in range(40):
+                for p, g in zip(ps, grads):
+                    p.grad = g.to(device)
+                opt.step()
+            c = torchtpu.metrics.counters()
+            results.append([p.detach().cpu() for p in ps])
+    assert c.get("cuts.repeat", 0) >= 3, sorted(c.items())
+    # before: a period of 7 nodes was too short to count and 256 nodes too few to cut, so nothing was cut before
+    # the size cap (4096 nodes: 580 steps); the first chunk holds the state's 32 zero_ nodes and a few steps
+    assert c.get("chunk_ops_max", 0) <= 100, c
+    assert c.get("compiles", 0) <= 6, c  # the repeats reuse one executable
+    torch.testing.assert_close(results[1], results[0], rtol=2e-5, atol=1e-6)
+
+
 def test_size_cap_cuts_a_long_graph():
-    _C._set_fused_limits(50, 0, 0)
+    _C._set_fused_limits(50, 0, 0, 1 << 40)
     try:
         x = torch.ones(8, device="tpu")
         torchtpu.sync()

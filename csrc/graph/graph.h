@@ -76,7 +76,7 @@ struct GraphCounters {
 GraphCounters& graph_counters();
 
 // Fused-mode policy knobs (TORCHTPU_FUSED_MAX_OPS, TORCHTPU_FUSED_REPEAT_MIN_OPS).
-void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops, int64_t read_split_min_ops);
+void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops, int64_t read_split_min_ops, int64_t repeat_min_weight);
 void set_chunk_cache_capacity(int64_t n);  // TORCHTPU_CACHE_ENTRIES
 void clear_chunk_cache();  // every chunk key misses once more (the advisor reads each program's cost analysis)
 
