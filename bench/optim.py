@@ -1,8 +1,9 @@
-"""AdamW step alone (the README example GPT's parameters, fresh gradients each step): foreach vs fused=True, on CPU
+"""An optimizer step alone (AdamW, or SGD with Nesterov momentum; the README example GPT's parameters, fresh gradients
+each step): foreach vs fused=True, on CPU
 and on tpu (strict and fused eager), as ratios to PyTorch CPU's foreach step, measured in one run in interleaved
 blocks. A tpu step is timed to its end (synchronize), and its host part (until opt.step() returns) is shown too.
 
-Run: .venv/bin/python bench/optim.py [--steps 40]
+Run: .venv/bin/python bench/optim.py [--steps 40] [--opt adamw|sgd]
 """
 from __future__ import annotations
 
@@ -22,9 +23,16 @@ import torchtpu  # noqa: E402
 from eager import MODELS  # noqa: E402
 
 
-def variant(build, device, fused, mode=None):
+OPTIMIZERS = {
+    "adamw": ("AdamW", lambda params, **kw: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01, **kw)),
+    "sgd": ("SGD (momentum 0.9, Nesterov)",
+            lambda params, **kw: torch.optim.SGD(params, lr=3e-3, momentum=0.9, nesterov=True, weight_decay=0.01, **kw)),
+}
+
+
+def variant(build, make_opt, device, fused, mode=None):
     model = build().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, fused=fused, foreach=None if fused else True)
+    opt = make_opt(model.parameters(), fused=fused, foreach=None if fused else True)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 1000)  # a new learning rate every step
     grads = [torch.randn_like(p) for p in model.parameters()]
 
@@ -48,13 +56,16 @@ def variant(build, device, fused, mode=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--opt", choices=sorted(OPTIMIZERS), default="adamw")
     a = ap.parse_args()
+    label, make_opt = OPTIMIZERS[a.opt]
     name = next(k for k in MODELS if "README" in k)
     build = MODELS[name]()[0]
-    variants = {"CPU foreach": variant(build, "cpu", False), "CPU fused": variant(build, "cpu", True)}
+    variants = {"CPU foreach": variant(build, make_opt, "cpu", False), "CPU fused": variant(build, make_opt, "cpu", True)}
     for mode in ("strict", "fused"):
         for fused in (False, True):
-            variants[f"tpu {mode} mode, {'fused=True' if fused else 'foreach'}"] = variant(build, "tpu", fused, mode)
+            variants[f"tpu {mode} mode, {'fused=True' if fused else 'foreach'}"] = variant(build, make_opt, "tpu", fused,
+                                                                                          mode)
     times = {k: [] for k in variants}
     c0 = torchtpu.metrics.counters().get("compiles", 0)
     for block in range(a.steps // 4):
@@ -67,9 +78,9 @@ def main():
     med = {k: (statistics.median(t for t, _ in v[8:]), statistics.median(h for _, h in v[8:])) for k, v in times.items()}
     base = med["CPU foreach"][0]
     n = sum(p.numel() for p in build().parameters())
-    print(f"torchtpu {torchtpu.__version__}, torch {torch.__version__}; AdamW over {n} parameters ({name}); "
+    print(f"torchtpu {torchtpu.__version__}, torch {torch.__version__}; {label} over {n} parameters ({name}); "
           f"CPU foreach step {base * 1e3:.2f} ms\n")
-    print("| AdamW step | time / CPU foreach | host part / CPU foreach |\n| --- | --- | --- |")
+    print(f"| {label} step | time / CPU foreach | host part / CPU foreach |\n| --- | --- | --- |")
     for k, (t, h) in med.items():
         print(f"| {k} | {t / base:.2f}x | {h / base:.2f}x |")
     fb = [k for k in torchtpu.metrics.counters() if k.startswith("fallback.")]

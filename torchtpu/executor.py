@@ -43,7 +43,7 @@ def fused_limits_from_env() -> None:
     _C._set_fused_limits(int(os.environ.get("TORCHTPU_FUSED_MAX_OPS", "4096")),
                          int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_OPS", "256")),
                          int(os.environ.get("TORCHTPU_FUSED_READ_SPLIT_MIN_OPS", "64")),
-                     int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_WEIGHT", "1024")))
+                         int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_WEIGHT", "1024")))
 
 
 fused_limits_from_env()
