@@ -229,6 +229,24 @@ def test_index_out_of_range_inside_a_compiled_graph_raises():
     torchtpu.sync()
 
 
+def test_a_constant_the_graph_uploads_and_returns_is_part_of_its_program():
+    """A CPU constant moved to the device and returned unread (Mistral's and Gemma 2's forward graphs return one
+    for their backward) is an output of the program: the graph runs as one program, not op by op, and each call's
+    output is the caller's own (changing it changes no later call's)."""
+    def f(x):
+        n = torch.tensor(3).to(x.device)
+        return x * 2, n
+
+    fn = torch.compile(f, backend="tpu")
+    x = torch.randn(4, device="tpu")
+    for _ in range(3):
+        y, n = fn(x)
+        assert n.item() == 3 and torch.equal(y.cpu(), x.cpu() * 2)
+        n.add_(10)
+    c = _counters()
+    assert c.get("compile.eager_graphs", 0) == 0 and c.get("compile.program_runs", 0) == 2, c
+
+
 def test_graph_with_a_host_read_runs_op_by_op_and_says_why():
     def f(x):
         return x[x > 0].sum()  # a data-dependent size: read on the host

@@ -54,6 +54,7 @@ struct OutSpec {
 struct NewStorage {
   int32_t result;
   size_t nbytes;
+  int32_t constant = -1;  // >= 0: the storage holds that constant leaf (a value the graph uploaded), not a result
 };
 
 struct RngSlot {
@@ -67,7 +68,7 @@ struct Program {
   int64_t ops = 0;
   std::vector<InputSpec> inputs;
   std::vector<int32_t> leaf_input;  // per leaf: the input whose storage value it is, or -1: a constant
-  std::vector<BufferPtr> constants;  // the values of the constant leaves, in leaf order
+  std::vector<BufferPtr> constants;  // the values of the constant leaves, in leaf order; then of constants only returned
   std::vector<RngSlot> rng;
   std::vector<NewStorage> storages;
   std::vector<OutSpec> outputs;
@@ -197,8 +198,11 @@ std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs,
   // outputs
   std::unordered_map<const c10::StorageImpl*, int32_t> new_storage;
   for (const auto& t : outputs) {
+    std::ostringstream which_os;
+    which_os << "output " << p.outputs.size() << " (" << t.scalar_type() << t.sizes() << ")";
+    const std::string which = which_os.str();
     TORCH_INTERNAL_ASSERT(t.defined());
-    if (!t.device().is_privateuseone() || t.device().index() != c.device) return "an output is not on the device";
+    if (!t.device().is_privateuseone() || t.device().index() != c.device) return which + " is not on the device";
     OutSpec o = out_spec(t);
     const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
     for (size_t i = 0; i < inputs.size() && o.input < 0; ++i) {
@@ -221,11 +225,23 @@ std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs,
           o.storage = it->second;
         } else {
           const int32_t k = result_of_handle(h);
-          if (k < 0) return "an output holds a value made outside the graph's ops";
-          held[k] += 1;
+          int32_t constant = -1;  // a constant the graph uploaded (a CPU constant moved to the device) is returned
+          if (k < 0 && h->state == StorageHandle::State::kBuffer && h->buffer) {  // as itself: shared, so never donated
+            for (size_t ci = 0; ci < p.constants.size() && constant < 0; ++ci) {
+              if (p.constants[ci].get() == h->buffer.get()) constant = static_cast<int32_t>(ci);
+            }
+            bool an_input = false;  // an input's value when the capture began is no constant
+            for (const auto& b : g_capture.begin) an_input = an_input || b.get() == h->buffer.get();
+            if (constant < 0 && !an_input) {  // a constant returned and read by no op (a CPU constant uploaded)
+              constant = static_cast<int32_t>(p.constants.size());
+              p.constants.push_back(h->buffer);
+            }
+          }
+          if (k < 0 && constant < 0) return which + " holds a value made outside the graph's ops";
+          if (k >= 0) held[k] += 1;
           o.storage = static_cast<int32_t>(p.storages.size());
           new_storage[st] = o.storage;
-          p.storages.push_back({k, t.storage().nbytes()});
+          p.storages.push_back({k, t.storage().nbytes(), constant});
         }
         o.kind = OutSpec::kNew;
       }
@@ -371,7 +387,9 @@ CaptureResult capture_end(c10::DeviceIndex device, const std::vector<at::Tensor>
       for (const auto& m : p.mutated) handle_of(inputs[m.first].storage())->set_pending(node, m.second);
       for (size_t o = 0; o < outputs.size(); ++o) {
         const OutSpec& s = p.outputs[o];
-        if (s.kind == OutSpec::kNew) handle_of(outputs[o].storage())->set_pending(node, p.storages[s.storage].result);
+        if (s.kind == OutSpec::kNew && p.storages[s.storage].constant < 0) {
+          handle_of(outputs[o].storage())->set_pending(node, p.storages[s.storage].result);
+        }
       }
       for (auto& n : c.nodes) {  // replaced by the program's node: never launched
         n->state = Node::State::kLaunched;
@@ -428,7 +446,11 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
       const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, p.device));
       for (const auto& s : p.storages) {
         storages.emplace_back(c10::Storage::use_byte_size_t(), s.nbytes, tpu_allocator(), true);
-        if (s.nbytes) handle_of(storages.back())->set_pending(node, s.result);
+        if (s.constant >= 0) {
+          handle_of(storages.back())->set_buffer(p.constants[s.constant]);
+        } else if (s.nbytes) {
+          handle_of(storages.back())->set_pending(node, s.result);
+        }
       }
       outs.reserve(p.outputs.size());
       for (const auto& o : p.outputs) {
