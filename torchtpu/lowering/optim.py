@@ -19,13 +19,46 @@ from ..tables import META, inplace_lowering
 from ..trace import plain
 
 
+def _step_inputs(tr, fn, lr, grad_scale, found_inf):
+    """The learning rate (a runtime scalar, or the .tensor_lr overload's tensor), GradScaler's scale, and the
+    predicate that skips the whole step (found_inf set)."""
+    f32 = torch.float32
+    lr_v = E.convert(E.reshape(lr, ()), f32) if isinstance(lr, Value) else tr.scalar(lr, f32)
+    scale = E.convert(E.reshape(grad_scale, ()), f32) if grad_scale is not None else None
+    skip = None
+    if found_inf is not None:
+        skip = E.compare(E.convert(E.reshape(found_inf, ()), f32), E.const(fn, 0.0, f32), "NE")
+    return lr_v, scale, skip
+
+
+def _acc(p):
+    """The dtype a parameter's update is computed in, and a broadcast of a scalar over it in that dtype."""
+    acc = torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+    return acc, lambda v: E.broadcast_to(E.convert(v, acc), p.shape)
+
+
+def _written(tr, outs, skip):
+    """[(old, new)] with the parameter first: each new value in its tensor's dtype (the old one where the step is
+    skipped); the parameter's is returned, the others update their tensors."""
+    result = None
+    for j, (old, new) in enumerate(outs):
+        new = E.convert(new, old.dtype)
+        if skip is not None:
+            new = E.select(E.broadcast_to(skip, old.shape), old, new)
+        if j == 0:
+            result = new
+        else:
+            tr.update(old, new)
+    return result
+
+
 def _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay,
           eps, amsgrad, maximize, grad_scale, found_inf, decoupled):
     f32 = torch.float32
     if not params:
         return ()
     fn = params[0].fn
-    lr_v = E.convert(E.reshape(lr, ()), f32) if isinstance(lr, Value) else tr.scalar(lr, f32)
+    lr_v, scale, skip = _step_inputs(tr, fn, lr, grad_scale, found_inf)
     eps_v = tr.scalar(eps, f32)
     # the betas shape the bias corrections' logarithms, taken on the host in double (keyed by value: they are
     # constants of a run, where the learning rate is not)
@@ -33,15 +66,10 @@ def _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps
     one = E.const(fn, 1.0, f32)
     wd = plain(weight_decay)
     wd_v = tr.scalar(weight_decay, f32) if wd != 0 else None
-    scale = E.convert(E.reshape(grad_scale, ()), f32) if grad_scale is not None else None
-    skip = None
-    if found_inf is not None:
-        skip = E.compare(E.convert(E.reshape(found_inf, ()), f32), E.const(fn, 0.0, f32), "NE")
     new_params = []
     for i, p in enumerate(params):
-        shape, dt = p.shape, p.dtype
-        acc = f32 if dt in (torch.float16, torch.bfloat16) else dt
-        S = lambda v: E.broadcast_to(E.convert(v, acc), shape)  # noqa: E731  (a scalar over the tensor)
+        shape = p.shape
+        acc, S = _acc(p)
         pv, g, m, v = (E.convert(x, acc) for x in (p, grads[i], exp_avgs[i], exp_avg_sqs[i]))
         if scale is not None:
             g = E.div(g, S(scale))
@@ -69,14 +97,7 @@ def _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps
             outs.append((max_exp_avg_sqs[i], vmax))
         if scale is not None:
             outs.append((grads[i], gstore))
-        for j, (old, new) in enumerate(outs):
-            new = E.convert(new, old.dtype)
-            if skip is not None:
-                new = E.select(E.broadcast_to(skip, shape), old, new)
-            if j == 0:
-                new_params.append(new)
-            else:
-                tr.update(old, new)
+        new_params.append(_written(tr, outs, skip))
     return tuple(new_params)
 
 
@@ -104,19 +125,13 @@ def _sgd(tr, params, grads, momentum_buffer_list, *, weight_decay, momentum, lr,
         return ()
     f32 = torch.float32
     fn = params[0].fn
-    lr_v = E.convert(E.reshape(lr, ()), f32) if isinstance(lr, Value) else tr.scalar(lr, f32)
+    lr_v, scale, skip = _step_inputs(tr, fn, lr, grad_scale, found_inf)
     wd_v = tr.scalar(weight_decay, f32) if plain(weight_decay) != 0 else None
     mom_v = tr.scalar(momentum, f32) if plain(momentum) != 0 else None
     damp_keep = E.sub(E.const(fn, 1.0, f32), tr.scalar(dampening, f32)) if mom_v is not None else None
-    scale = E.convert(E.reshape(grad_scale, ()), f32) if grad_scale is not None else None
-    skip = None
-    if found_inf is not None:
-        skip = E.compare(E.convert(E.reshape(found_inf, ()), f32), E.const(fn, 0.0, f32), "NE")
     new_params = []
     for i, p in enumerate(params):
-        shape, dt = p.shape, p.dtype
-        acc = f32 if dt in (torch.float16, torch.bfloat16) else dt
-        S = lambda v: E.broadcast_to(E.convert(v, acc), shape)  # noqa: E731  (a scalar over the tensor)
+        acc, S = _acc(p)
         pv, g = E.convert(p, acc), E.convert(grads[i], acc)
         outs = []
         if scale is not None:
@@ -134,14 +149,7 @@ def _sgd(tr, params, grads, momentum_buffer_list, *, weight_decay, momentum, lr,
             outs.append((momentum_buffer_list[i], buf))
             g = E.add(g, E.mul(buf, S(mom_v))) if nesterov else buf
         pv = E.sub(pv, E.mul(g, S(lr_v)))
-        for old, new in [(p, pv)] + outs:
-            new = E.convert(new, old.dtype)
-            if skip is not None:
-                new = E.select(E.broadcast_to(skip, shape), old, new)
-            if old is p:
-                new_params.append(new)
-            else:
-                tr.update(old, new)
+        new_params.append(_written(tr, [(p, pv)] + outs, skip))
     return tuple(new_params)
 
 
