@@ -83,6 +83,33 @@ MEAN = "\n    ".join(
     f"    %m{k if k else ''} = stablehlo.divide %s, %b{k} : tensor<4xf32>"
     for k, src, ty in ((0, "%a", DYN), (2, "%v", "tensor<4x8xf32>"))).replace("%m0 ", "%m ")
 
+# The leading dimension (a varying batch): padded and compact layouts are the same there, so a bucketed tensor is a
+# plain prefix of its storage. A matmul (dot_general) with a dynamic M inside a fragment, a softmax over the static
+# dim and a sum over the dynamic one; the matmul's result is also returned.
+LDYN = "tensor<?x4xf32, #stablehlo.bounds<8, ?>>"
+LEADING = f"""
+module @probe {{
+  func.func public @main(%x: tensor<8x4xf32>, %w: tensor<4x3xf32>, %n: tensor<i32>) -> (tensor<8x3xf32>, tensor<3xf32>) {{
+    %d = stablehlo.set_dimension_size %x, %n, dim = 0 : (tensor<8x4xf32>, tensor<i32>) -> {LDYN}
+    %r:2 = "func.call"(%d, %w) {{callee = @frag}} : ({LDYN}, tensor<4x3xf32>) -> (tensor<8x3xf32>, tensor<3xf32>)
+    return %r#0, %r#1 : tensor<8x3xf32>, tensor<3xf32>
+  }}
+  func.func private @frag(%a: {LDYN}, %w: tensor<4x3xf32>) -> (tensor<8x3xf32>, tensor<3xf32>) {{
+    %y = stablehlo.dot_general %a, %w, contracting_dims = [1] x [0] : ({LDYN}, tensor<4x3xf32>) -> tensor<8x3xf32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %z = stablehlo.constant dense<0.0> : tensor<f32>
+    %mx = stablehlo.reduce(%y init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<8x3xf32>, tensor<f32>) -> tensor<8xf32>
+    %mxb = stablehlo.broadcast_in_dim %mx, dims = [0] : (tensor<8xf32>) -> tensor<8x3xf32>
+    %ex = stablehlo.exponential %0 : tensor<8x3xf32>
+    %sm = stablehlo.reduce(%ex init: %z) applies stablehlo.add across dimensions = [1] : (tensor<8x3xf32>, tensor<f32>) -> tensor<8xf32>
+    %smb = stablehlo.broadcast_in_dim %sm, dims = [0] : (tensor<8xf32>) -> tensor<8x3xf32>
+    %p = stablehlo.divide %ex, %smb : tensor<8x3xf32>
+    %cols = stablehlo.reduce(%p init: %z) applies stablehlo.add across dimensions = [0] : (tensor<8x3xf32>, tensor<f32>) -> tensor<3xf32>
+    return %y, %cols : tensor<8x3xf32>, tensor<3xf32>
+  }}
+}}
+""".replace("%ex = stablehlo.exponential %0", "%sub = stablehlo.subtract %y, %mxb : tensor<8x3xf32>\n    %ex = stablehlo.exponential %sub")
+
 
 def main():
     rt = runtime.get()
@@ -113,6 +140,17 @@ def main():
         print(f"mean over the dynamic dim (size {size}, one executable): get_dimension_size of the bounded parameter "
               f"{'right' if np.allclose(m, want, rtol=1e-5) else 'WRONG'}, of a static-typed intermediate "
               f"{'right' if np.allclose(m2, want, rtol=1e-5) else 'wrong (the bound)'}")
+    exe = rt.compile(LEADING)
+    xl = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
+    w = np.linspace(0.5, -0.5, 12, dtype=np.float32).reshape(4, 3)
+    for size in (3, 6):
+        y, cols = (np.asarray(r) for r in rt.execute(exe, [jax.device_put(a, rt.device(0)) for a in
+                                                          (xl, w, np.int32(size))]))
+        yy = xl[:size] @ w
+        pp = np.exp(yy - yy.max(1, keepdims=True))
+        pp /= pp.sum(1, keepdims=True)
+        print(f"leading dim (size {size} of 8, one executable): matmul rows {'right' if np.allclose(y.reshape(-1)[:size * 3], yy.reshape(-1), rtol=1e-5) else 'WRONG'} "
+              f"(result shape {y.shape}), softmax then sum over the dynamic dim {'masked' if np.allclose(cols, pp.sum(0), rtol=1e-5) else 'NOT masked'}")
     try:
         rt.compile(STATIC_CALLEE)
         print("func.call with a static-typed callee: accepted")
