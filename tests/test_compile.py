@@ -247,6 +247,32 @@ def test_a_constant_the_graph_uploads_and_returns_is_part_of_its_program():
     assert c.get("compile.eager_graphs", 0) == 0 and c.get("compile.program_runs", 0) == 2, c
 
 
+def test_a_cpu_scalar_made_from_constants_and_saved_for_backward_is_part_of_the_programs():
+    """DeBERTa-v2 computes its attention scale on the CPU (a scalar tensor from constants) and divides device
+    tensors by it: the forward graph returns it for the backward, which takes it as an input. Both graphs are
+    programs (the forward's CPU output is a constant; the backward is keyed by its value), with CPU's gradients."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            scale = torch.sqrt(torch.tensor(8, dtype=torch.float) * 2)
+            return (self.lin(x) / scale).tanh().sum()
+
+    torch.manual_seed(0)
+    m, x = M(), torch.randn(4, 8)
+    m(x).backward()
+    mt = copy.deepcopy(m).to("tpu")
+    fn = torch.compile(mt, backend="tpu")
+    for _ in range(3):
+        mt.zero_grad()
+        fn(x.to("tpu")).backward()
+    torch.testing.assert_close(mt.lin.weight.grad.cpu(), m.lin.weight.grad, rtol=1e-5, atol=1e-6)
+    c = _counters()
+    assert c.get("compile.eager_graphs", 0) == 0 and c.get("compile.captures", 0) == 2, c
+
+
 def test_graph_with_a_host_read_runs_op_by_op_and_says_why():
     def f(x):
         return x[x > 0].sum()  # a data-dependent size: read on the host

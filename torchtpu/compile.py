@@ -74,12 +74,20 @@ class TpuGraph:
         self.programs: list = []  # (non-tensor arguments, program id, output template)
         self.eager: dict = {}  # non-tensor arguments -> why these calls run op by op
         self.warned = False
+        # CPU values made inside the graph are constants (its inputs are on the device) unless it draws random
+        # numbers on the CPU
+        self.cpu_constants = not _draws_on_cpu(gm)
 
     def __call__(self, *args):
         # boxed (one list) as AOTAutograd calls forward graphs; unpacked as its backward wrappers may
         args = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         key = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        if self.kind == "backward" and any(t.device.type == "cpu" and t.dim() == 0 for t in tensors):
+            # a CPU scalar the forward graph saved for its backward (DeBERTa's attention scale): the ops read it as a
+            # scalar, which a program bakes, so programs are keyed by its value (a forward's constants: one program)
+            key += tuple(("cpu", t.dtype, t.item()) for t in tensors if t.device.type == "cpu" and t.dim() == 0)
+            tensors = [t for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)]
         for k, pid, template in self.programs:
             if k == key:
                 outs = _C._run_program(pid, tensors)
@@ -116,7 +124,7 @@ class TpuGraph:
                 _C._capture_end(device, tensors, [])  # what ran is launched as an ordinary chunk
                 raise
             outs = list(outs)
-            touts = [o for o in outs if isinstance(o, torch.Tensor)]
+            touts = [o for o in outs if isinstance(o, torch.Tensor) and not self._constant_output(o)]
             pid, why, check_frags, n_ops = _C._capture_end(device, tensors, touts)
         if executor.get_mode() == "debug":
             executor.synchronize(device)
@@ -130,16 +138,47 @@ class TpuGraph:
                 opname, msgs = checks._MESSAGES[fid]
                 messages += [(exc, f"{opname}: {m}") for exc, m in msgs]
             checks.register(info["fragment"], f"compiled {self.kind} graph", messages)
-        template = [None if isinstance(o, torch.Tensor) else (o,) for o in outs]
+        template = [_CpuConstant(o) if isinstance(o, torch.Tensor) and self._constant_output(o)
+                    else None if isinstance(o, torch.Tensor) else (o,) for o in outs]
         self.programs.append((key, pid, template))
         metrics.inc("compile.captures")
         metrics.inc("compile.captured_ops", info["ops"])
         return outs
 
 
+    def _constant_output(self, t) -> bool:
+        """A CPU tensor the graph returns, made from its constants (DeBERTa's forward returns its attention scale,
+        computed on the CPU, for its backward): each call returns a copy of the captured value."""
+        return t.device.type == "cpu" and self.cpu_constants
+
+
+class _CpuConstant:
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value.detach().clone()
+
+
 def _assemble(template, touts):
     it = iter(touts)
-    return [next(it) if t is None else t[0] for t in template]
+    return [next(it) if t is None else t.value.clone() if isinstance(t, _CpuConstant) else t[0] for t in template]
+
+
+def _draws_on_cpu(gm) -> bool:
+    """Whether the graph draws random numbers on the CPU (values no program may bake); True when it cannot tell."""
+    if isinstance(gm, _GraphCode):
+        return gm.draws_on_cpu
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return True
+    for n in graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
+                torch.Tag.nondeterministic_seeded in n.target.tags:
+            vals = [v for v in (n.meta.get("val") if isinstance(n.meta.get("val"), (tuple, list))
+                                else [n.meta.get("val")]) if isinstance(v, torch.Tensor)]
+            if not vals or any(v.device.type == "cpu" for v in vals):
+                return True
+    return False
 
 
 def _why_not(tensors) -> str | None:
@@ -277,6 +316,7 @@ class _GraphCode:
         code = gm.graph.python_code(root_module="self")
         self.src = _format_import_block(code.globals, sys_importer) + "\n" + code.src
         self.n_ops = _n_ops(gm)
+        self.draws_on_cpu = _draws_on_cpu(gm)
         self.attrs = {}
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -290,9 +330,10 @@ class _GraphCode:
         self._fn = None
 
     def __getstate__(self):
-        return {"src": self.src, "n_ops": self.n_ops, "attrs": self.attrs}
+        return {"src": self.src, "n_ops": self.n_ops, "attrs": self.attrs, "draws_on_cpu": self.draws_on_cpu}
 
     def __setstate__(self, state):
+        self.draws_on_cpu = True  # entries written before it was kept: assume the worst
         self.__dict__.update(state)
         self._fn = None
 
