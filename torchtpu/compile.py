@@ -83,11 +83,12 @@ class TpuGraph:
         args = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         key = tuple(a for a in args if not isinstance(a, torch.Tensor))
-        if self.kind == "backward" and any(t.device.type == "cpu" and t.dim() == 0 for t in tensors):
+        baked = [t for t in tensors if t.device.type == "cpu" and t.dim() == 0] if self.kind == "backward" else []
+        if baked:
             # a CPU scalar the forward graph saved for its backward (DeBERTa's attention scale): the ops read it as a
             # scalar, which a program bakes, so programs are keyed by its value (a forward's constants: one program)
-            key += tuple(("cpu", t.dtype, t.item()) for t in tensors if t.device.type == "cpu" and t.dim() == 0)
-            tensors = [t for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)]
+            key += tuple(("cpu", t.dtype, t.item()) for t in baked)
+            tensors = [t for t in tensors if not any(t is b for b in baked)]
         for k, pid, template in self.programs:
             if k == key:
                 outs = _C._run_program(pid, tensors)
@@ -145,7 +146,6 @@ class TpuGraph:
         metrics.inc("compile.captured_ops", info["ops"])
         return outs
 
-
     def _constant_output(self, t) -> bool:
         """A CPU tensor the graph returns, made from its constants (DeBERTa's forward returns its attention scale,
         computed on the CPU, for its backward): each call returns a copy of the captured value."""
@@ -174,8 +174,8 @@ def _draws_on_cpu(gm) -> bool:
     for n in graph.nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
                 torch.Tag.nondeterministic_seeded in n.target.tags:
-            vals = [v for v in (n.meta.get("val") if isinstance(n.meta.get("val"), (tuple, list))
-                                else [n.meta.get("val")]) if isinstance(v, torch.Tensor)]
+            val = n.meta.get("val")
+            vals = [v for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
             if not vals or any(v.device.type == "cpu" for v in vals):
                 return True
     return False

@@ -198,11 +198,13 @@ std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs,
   // outputs
   std::unordered_map<const c10::StorageImpl*, int32_t> new_storage;
   for (const auto& t : outputs) {
-    std::ostringstream which_os;
-    which_os << "output " << p.outputs.size() << " (" << t.scalar_type() << t.sizes() << ")";
-    const std::string which = which_os.str();
+    auto which = [&] {  // for the reason a graph runs op by op
+      std::ostringstream os;
+      os << "output " << p.outputs.size() << " (" << t.scalar_type() << t.sizes() << ")";
+      return os.str();
+    };
     TORCH_INTERNAL_ASSERT(t.defined());
-    if (!t.device().is_privateuseone() || t.device().index() != c.device) return which + " is not on the device";
+    if (!t.device().is_privateuseone() || t.device().index() != c.device) return which() + " is not on the device";
     OutSpec o = out_spec(t);
     const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
     for (size_t i = 0; i < inputs.size() && o.input < 0; ++i) {
@@ -231,13 +233,15 @@ std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs,
               if (p.constants[ci].get() == h->buffer.get()) constant = static_cast<int32_t>(ci);
             }
             bool an_input = false;  // an input's value when the capture began is no constant
-            for (const auto& b : g_capture.begin) an_input = an_input || b.get() == h->buffer.get();
+            for (size_t b = 0; b < g_capture.begin.size() && constant < 0 && !an_input; ++b) {
+              an_input = g_capture.begin[b].get() == h->buffer.get();
+            }
             if (constant < 0 && !an_input) {  // a constant returned and read by no op (a CPU constant uploaded)
               constant = static_cast<int32_t>(p.constants.size());
               p.constants.push_back(h->buffer);
             }
           }
-          if (k < 0 && constant < 0) return which + " holds a value made outside the graph's ops";
+          if (k < 0 && constant < 0) return which() + " holds a value made outside the graph's ops";
           if (k >= 0) held[k] += 1;
           o.storage = static_cast<int32_t>(p.storages.size());
           new_storage[st] = o.storage;
