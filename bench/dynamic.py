@@ -5,9 +5,10 @@ Rows (tests/zoo.py): Hugging Face Mixtral with its default experts (`torch._grou
 device) and with its "eager" experts (the per-expert loop: nonzero, where, index_add_ — how every MoE written by
 hand routes), a hand-written top-k router LM, and GPT-2 over batches whose length varies between 17 and 64. For
 each mode: step time / CPU eager (medians after step 2), compiles per step after step 2, host reads per step, the
-loss difference to cpu. The machines are shared and noisy: read the ratios, not the milliseconds. With bucketed
-sizes (designed in docs/architecture.md, not built) the varying-length loop's target is one compile per bucket:
-the lengths' power-of-two buckets are printed with it.
+loss difference to cpu. The machines are shared and noisy: read the ratios, not the milliseconds. The varying-length
+loop also runs compiled (torch.compile(backend="tpu", dynamic=True), strict mode): there its sizes are bucketed
+(torchtpu/buckets.py), one program per bucket; the lengths' power-of-two buckets are printed with it. The eager
+modes do not bucket yet (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 import torch  # noqa: E402
+import torchtpu.cache  # noqa: E402
 
 import torchtpu  # noqa: E402
 import zoo  # noqa: E402
 
 ROWS = ["mixtral", "mixtral_eager_experts", "topk_moe", "gpt2_varlen"]
+COMPILED = {"gpt2_varlen"}  # also under torch.compile(backend="tpu", dynamic=True): bucketed sizes
 
 
 def _bucket(n, lo=16):
@@ -37,6 +40,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--modes", default="strict,fused")
+    ap.add_argument("--no-compiled", dest="compiled", action="store_false",
+                    help="skip the torch.compile(dynamic=True) row of the varying-length loop")
     ap.add_argument("models", nargs="*", default=ROWS)
     args = ap.parse_args()
     print(f"torchtpu on {torch.tpu.get_device_name()}, {args.steps} AdamW steps per model and mode\n")
@@ -44,9 +49,17 @@ def main():
           "loss vs cpu (max rel.) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name in args.models:
-        for mode in args.modes.split(","):
-            with torchtpu.mode(mode):
-                r = zoo.side_by_side(name, steps=args.steps)
+        modes = args.modes.split(",") + (["compiled, exact sizes", "compiled"] if name in COMPILED and args.compiled
+                                         else [])
+        for mode in modes:
+            torch._dynamo.reset()
+            torchtpu.cache.clear()  # each row compiles what it runs (no executables left by the row before)
+            torchtpu._C._clear_chunk_cache()
+            compiled = mode.startswith("compiled")
+            torchtpu.set_shape_buckets(None if mode == "compiled, exact sizes" else "pow2")  # before / after
+            with torchtpu.mode("strict" if compiled else mode):
+                r = zoo.side_by_side(name, steps=args.steps, compiled=compiled)
+            torchtpu.set_shape_buckets("pow2")
             cpu_t = statistics.median(r["cpu"]["times"][2:])
             tpu_t = statistics.median(r["tpu"]["times"][2:])
             later = r["tpu"]["compiles"][2:]

@@ -321,9 +321,10 @@ def _to(batch, device):
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def side_by_side(name, steps=5, seed=0, lr=1e-3):
+def side_by_side(name, steps=5, seed=0, lr=1e-3, compiled=False):
     """Trains the same model on cpu and tpu with AdamW. Returns a dict: losses, step times, compiles and host syncs
-    per step per device, parameter counts, tpu counters (fallbacks, compiles), compiles after step 2."""
+    per step per device, parameter counts, tpu counters (fallbacks, compiles), compiles after step 2. compiled: the
+    tpu model's loss runs under torch.compile(backend="tpu", dynamic=True) (CPU stays eager)."""
     import torchtpu
 
     torch.manual_seed(seed)
@@ -336,13 +337,14 @@ def side_by_side(name, steps=5, seed=0, lr=1e-3):
     out["params"]["tpu"] = len(list(twin.parameters()))
     for dev, m in (("cpu", model), ("tpu", twin)):
         opt = torch.optim.AdamW(m.parameters(), lr=lr)
+        step_loss = torch.compile(loss_fn, backend="tpu", dynamic=True) if compiled and dev == "tpu" else loss_fn
         torchtpu.metrics.reset()
         losses, times, compiles, syncs = [], [], [], []
         for i, b in enumerate(batches):
             c0 = torchtpu.metrics.counters()
             t0 = time.perf_counter()
             opt.zero_grad()
-            loss = loss_fn(m, _to(b, dev))
+            loss = step_loss(m, _to(b, dev))
             loss.backward()
             opt.step()
             losses.append(loss.item())

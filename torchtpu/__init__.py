@@ -63,9 +63,17 @@ def advise(fn, *args, **kwargs):
     return run(fn, *args, **kwargs)
 
 
+def set_shape_buckets(policy) -> None:
+    """How torch.compile(dynamic=True / mark_dynamic) buckets symbolic sizes (torchtpu/buckets.py): "pow2" (the
+    default, also ``TORCHTPU_SHAPE_BUCKETS``), a list of sizes, or None / "off" (a program per exact size)."""
+    from .buckets import set_shape_buckets as set_
+
+    set_(policy)
+
+
 def sync() -> None:
     """Launches what is pending (fused mode) and waits for every queued tpu op."""
     _sync()
 
 
-__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync", "jax_op", "advise"]
+__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync", "jax_op", "advise", "set_shape_buckets"]

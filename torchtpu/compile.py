@@ -15,9 +15,10 @@ op by op instead, in the current mode: correct, counted (``compile.eager_graphs`
 graph with the reason. New input layouts capture again, up to ``TORCHTPU_COMPILE_MAX_PROGRAMS`` (8) per graph,
 then run op by op.
 
-``dynamic=True`` / ``mark_dynamic``: Dynamo and AOTAutograd give symbolic graphs; each distinct concrete
-shape is one capture (one compile), as with ``dynamic=False``. Bucketed sizes (one program per bucket) are
-the dynamic-shapes issue's work.
+``dynamic=True`` / ``mark_dynamic``: Dynamo and AOTAutograd give symbolic graphs; each bucket of their sizes
+(``torchtpu.set_shape_buckets``) is one capture: the graph runs padded through torchtpu/buckets.py's interpreter,
+the true sizes are runtime values of the program, inputs and outputs are compact tensors of their exact sizes.
+A graph the interpreter cannot run padded is captured per exact size (counted, warned once).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import warnings
 
 import torch
 
-from . import _C, checks, executor, metrics
+from . import _C, buckets, checks, executor, metrics
 
 MAX_PROGRAMS = int(os.environ.get("TORCHTPU_COMPILE_MAX_PROGRAMS", "8"))
 
@@ -77,10 +78,15 @@ class TpuGraph:
         # CPU values made inside the graph are constants (its inputs are on the device) unless it draws random
         # numbers on the CPU
         self.cpu_constants = not _draws_on_cpu(gm)
+        self.scalar_inputs = _scalar_inputs(gm)
+        self.bucket_warned = False
+        self.plan = _bucket_plan(gm)  # a symbolic graph: one program per bucket of its sizes (torchtpu/buckets.py)
 
     def __call__(self, *args):
         # boxed (one list) as AOTAutograd calls forward graphs; unpacked as its backward wrappers may
         args = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+        if self.scalar_inputs:
+            _upload_scalars(args, self.scalar_inputs)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         key = tuple(a for a in args if not isinstance(a, torch.Tensor))
         baked = [t for t in tensors if t.device.type == "cpu" and t.dim() == 0] if self.kind == "backward" else []
@@ -89,6 +95,10 @@ class TpuGraph:
             # scalar, which a program bakes, so programs are keyed by its value (a forward's constants: one program)
             key += tuple(("cpu", t.dtype, t.item()) for t in baked)
             tensors = [t for t in tensors if not any(t is b for b in baked)]
+        if self.plan is not None and buckets.enabled():
+            out = self._bucketed(args, tensors)
+            if out is not None:
+                return out
         for k, pid, template in self.programs:
             if k == key:
                 outs = _C._run_program(pid, tensors)
@@ -133,18 +143,89 @@ class TpuGraph:
             self._goes_op_by_op(key, why, n_ops)
             return outs
         info = _C._program_info(pid)
-        if check_frags:
-            messages = []
-            for fid in check_frags:
-                opname, msgs = checks._MESSAGES[fid]
-                messages += [(exc, f"{opname}: {m}") for exc, m in msgs]
-            checks.register(info["fragment"], f"compiled {self.kind} graph", messages)
+        self._register_checks(info, check_frags)
         template = [_CpuConstant(o) if isinstance(o, torch.Tensor) and self._constant_output(o)
                     else None if isinstance(o, torch.Tensor) else (o,) for o in outs]
         self.programs.append((key, pid, template))
         metrics.inc("compile.captures")
         metrics.inc("compile.captured_ops", info["ops"])
         return outs
+
+    # -- bucketed sizes ----------------------------------------------------------------------------------------------
+    def _bucketed(self, args, tensors):
+        """The call through its bucket's program (captured on the bucket's first call); None: not bucketed."""
+        plan = self.plan
+        if _why_not(tensors) is not None or len(tensors) != sum(isinstance(a, torch.Tensor) for a in args):
+            return None
+        values = plan.values(args)
+        key = ("bucket",) + plan.key(values)
+        if key in self.eager:
+            return None
+        device = tensors[0].device
+        flats = [None] * len(args)
+        for i in plan.tensor_inputs():
+            if plan.padded_input(i):
+                flats[i] = _flat_capacity(args[i], plan.capacity(plan.in_shapes[i][1], values))
+        sizes = torch.tensor(values, dtype=torch.int64).to(device)
+        prog_tensors = [flats[i] if flats[i] is not None else a for i, a in enumerate(args)
+                        if isinstance(a, torch.Tensor)] + [sizes]
+        for k, pid, template in self.programs:
+            if k == key:
+                outs = _C._run_program(pid, prog_tensors)
+                if outs is not None:
+                    metrics.inc("compile.program_runs")
+                    metrics.inc("compile.bucketed_runs")
+                    return buckets.exact_outputs(plan, values, _assemble(template, outs))
+        if len([k for k, _, _ in self.programs if k[0] == "bucket"]) >= MAX_PROGRAMS:
+            return None
+        dev = device.index or 0
+        with executor.mode("fused"):
+            _C._capture_begin(dev, prog_tensors)
+            try:
+                outs = buckets.execute(plan, args, flats, sizes)
+                touts = [o for o in outs if isinstance(o, torch.Tensor)]
+                if any(t.device.type != "tpu" for t in touts):
+                    raise buckets.Unsupported("an output is not on the device")
+            except buckets.Unsupported as e:
+                _C._capture_end(dev, prog_tensors, [])
+                self._declines(key, str(e))
+                return None
+            except BaseException:
+                _C._capture_end(dev, prog_tensors, [])
+                raise
+            pid, why, check_frags, n_ops = _C._capture_end(dev, prog_tensors, touts)
+        if executor.get_mode() == "debug":
+            executor.synchronize(dev)
+        if pid < 0:
+            self._declines(key, why)
+            return buckets.exact_outputs(plan, values, outs)
+        info = _C._program_info(pid)
+        self._register_checks(info, check_frags)
+        template = [None if isinstance(o, torch.Tensor) else (o,) for o in outs]
+        self.programs.append((key, pid, template))
+        metrics.inc("compile.captures")
+        metrics.inc("compile.bucketed_captures")
+        metrics.inc("compile.captured_ops", info["ops"])
+        return buckets.exact_outputs(plan, values, outs)
+
+    def _register_checks(self, info, check_frags):
+        """The device-side checks of the captured ops (index bounds...) raise with their op's message."""
+        if not check_frags:
+            return
+        messages = []
+        for fid in check_frags:
+            opname, msgs = checks._MESSAGES[fid]
+            messages += [(exc, f"{opname}: {m}") for exc, m in msgs]
+        checks.register(info["fragment"], f"compiled {self.kind} graph", messages)
+
+    def _declines(self, key, why):
+        """This bucket's calls capture per exact size from now on (correct, a program per size): said once."""
+        self.eager[key] = why
+        metrics.inc("compile.bucket_declined")
+        if not self.bucket_warned:
+            self.bucket_warned = True
+            warnings.warn(f"torchtpu: a compiled {self.kind} graph with symbolic sizes is captured per exact size, "
+                          f"not per bucket: {why}", stacklevel=4)
 
     def _constant_output(self, t) -> bool:
         """A CPU tensor the graph returns, made from its constants (DeBERTa's forward returns its attention scale,
@@ -162,6 +243,62 @@ class _CpuConstant:
 def _assemble(template, touts):
     it = iter(touts)
     return [next(it) if t is None else t.value.clone() if isinstance(t, _CpuConstant) else t[0] for t in template]
+
+
+def _scalar_inputs(gm):
+    """Inputs that may be CPU scalars the graph only reads: Dynamo's unspecialized Python floats (a dynamic graph
+    takes a model's float attributes as 0-dim float64 CPU tensors), a scale its forward computed on the CPU for its
+    backward. Each call copies them to the device, so that a program reads them as runtime values; an input the
+    graph writes (an optimizer's CPU step counter) stays on the CPU (and the graph runs op by op)."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return ()
+    out = []
+    for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder"):
+        val = n.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and val.dim() == 0 and val.device.type == "cpu"):
+            continue
+        if any(isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable for u in n.users):
+            continue
+        out.append(i)
+    return tuple(out)
+
+
+def _upload_scalars(args, which):
+    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu"), None)
+    if device is None:
+        return
+    for i in which:
+        a = args[i]
+        if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() == 0:
+            args[i] = a.to(device)
+
+
+def _bucket_plan(gm):
+    """The graph's bucketing plan when it has symbolic sizes (an FX graph with its symbolic metadata; a graph read
+    back from the disk cache keeps only its code, and runs per exact size)."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        return None
+    try:
+        plan = buckets.Plan(gm)
+    except buckets.Unsupported:
+        return None
+    return plan if plan.symbolic() else None
+
+
+def _flat_capacity(t, capacity):
+    """t's storage as a flat tensor of `capacity` elements holding t's values first. t is compact (contiguous from
+    the storage's start) in a storage at least that large when a bucketed program made it; else (a batch just
+    copied from the host at its exact size) its values are read and copied back with the capacity: a host read
+    (counted as host_sync.bucket_input), never a program per size."""
+    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == capacity * t.element_size():
+        vt = _C._storage_value_type(t)  # the program reads the storage's buffer: it must be the flat one
+        if vt is not None and tuple(vt[0]) == (capacity,) and vt[1] == t.dtype:
+            return t.as_strided((capacity,), (1,), 0)
+    host = torch.zeros(capacity, dtype=t.dtype)
+    host[: t.numel()] = executor.read_host(t, "bucket_input").reshape(-1)
+    metrics.inc("compile.bucket_input_copies")
+    return host.to(t.device)
 
 
 def _draws_on_cpu(gm) -> bool:
@@ -313,6 +450,9 @@ class _GraphCode:
         from torch.fx.graph_module import _format_import_block
         from torch.package import sys_importer
 
+        if _bucket_plan(gm) is not None:
+            # its calls are bucketed by the FX graph's symbolic metadata, which its code alone does not keep
+            raise BypassAOTAutogradCache("torchtpu: a graph with symbolic sizes (bucketed) is not kept on disk")
         code = gm.graph.python_code(root_module="self")
         self.src = _format_import_block(code.globals, sys_importer) + "\n" + code.src
         self.n_ops = _n_ops(gm)

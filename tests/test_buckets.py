@@ -1,0 +1,266 @@
+"""Bucketed sizes for torch.compile(dynamic=True / mark_dynamic) (torchtpu/buckets.py): one program per bucket.
+
+Two halves. On the CPU, every graph AOTAutograd hands a checking backend is also run by the bucketed interpreter on
+buffers of the bucket's capacity whose padding is NaN (or a large integer): its outputs must equal the graph's own at
+the exact sizes — the padding is never read into a valid value. On tpu, compiled training over varying lengths
+matches CPU eager and captures once per bucket."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu import buckets
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    buckets.set_shape_buckets("pow2")
+
+
+# -- the interpreter on the CPU ----------------------------------------------------------------------------------------
+def _garbage_flat(t, cap):
+    flat = torch.empty(cap, dtype=t.dtype)
+    flat.fill_(float("nan") if t.dtype.is_floating_point else (True if t.dtype == torch.bool else 12345))
+    flat[: t.numel()] = t.reshape(-1)
+    return flat
+
+
+def _checking_backend(report):
+    from functorch.compile import make_boxed_func
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(kind):
+        def compile_graph(gm, example_inputs):
+            plan = buckets.Plan(gm)
+
+            def call(args):
+                want = gm(*args)
+                values = plan.values(args)
+                flats = [_garbage_flat(a, plan.capacity(plan.in_shapes[i][1], values))
+                         if isinstance(a, torch.Tensor) and plan.padded_input(i) else None for i, a in enumerate(args)]
+                try:
+                    got = buckets.exact_outputs(plan, values, buckets.execute(plan, args, flats, torch.tensor(values)))
+                except buckets.Unsupported as e:
+                    report.append((kind, values, f"unsupported: {e}"))
+                    return want
+                bad = [j for j, (g, w) in enumerate(zip(got, want)) if isinstance(w, torch.Tensor) and
+                       (g.shape != w.shape or not torch.allclose(g.double(), w.double(), rtol=1e-4, atol=1e-5))]
+                report.append((kind, values, "ok" if not bad else f"outputs {bad} differ"))
+                return want
+
+            call._boxed_call = True
+            return call if plan.symbolic() else make_boxed_func(gm)
+
+        return compile_graph
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                        decompositions=core_aten_decompositions())
+
+
+def _check(fn, calls):
+    report = []
+    f = torch.compile(fn, backend=_checking_backend(report), dynamic=True)
+    for args in calls:
+        out = f(*args)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.sum().backward()
+    assert report, "no symbolic graph was made"
+    assert all(r[2] == "ok" for r in report), report
+    return report
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_policy():
+    assert [buckets.bucket(n) for n in (0, 1, 2, 3, 17, 32, 33, 64)] == [0, 1, 2, 4, 32, 32, 64, 64]
+    buckets.set_shape_buckets([16, 48])
+    assert [buckets.bucket(n) for n in (3, 16, 17, 48, 49)] == [16, 16, 48, 48, 49]
+    buckets.set_shape_buckets(None)
+    assert not buckets.enabled() and buckets.bucket(17) == 17
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_reductions_softmax_matmul_read_no_padding():
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def fn(x):
+        s = (x @ w).softmax(-1)  # softmax over a static dim
+        a = x.softmax(0) * x.mean(0, keepdim=True)  # softmax and mean over the dynamic dim
+        g = x.T @ x / x.shape[0]  # a contraction over the dynamic dim, a size as a value
+        return s.sum() + a.amax(0).sum() + g.sum() + x.var(0).sum()
+
+    _check(fn, [(torch.randn(n, 8, requires_grad=True),) for n in (5, 7, 3)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_cat_pad_and_slices_along_the_dynamic_dim():
+    def fn(x, y):
+        c = torch.cat([x, y, x], dim=1)  # three padded runs, one after the other
+        p = F.pad(x, (2, 3), value=7.0)  # written right after the valid values
+        return c.cumsum(1)[:, 1:].sum(1) + p.sum(1) + p[:, 1:].amax(1)
+
+    _check(fn, [(torch.randn(3, n), torch.randn(3, n + 2)) for n in (5, 9, 6)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_attention_without_a_causal_mask_ignores_padded_keys():
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v).sum(2)
+
+    _check(fn, [tuple(torch.randn(2, 2, n, 4, requires_grad=True) for _ in range(3)) for n in (5, 7, 12)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_cnn_with_batchnorm_over_a_varying_batch():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    report = []
+    f = torch.compile(lambda x, y: F.cross_entropy(m(x), y), backend=_checking_backend(report))
+    for n in (5, 6, 3):  # the batch statistics and the weight gradients over the valid samples only
+        x, y = torch.randn(n, 3, 12, 12), torch.randint(0, 4, (n,))
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(y, 0)
+        f(x, y).backward()
+    assert len(report) == 6 and all(r[2] == "ok" for r in report), report
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_hugging_face_gpt2_graphs_run_bucketed_on_nan_padding():
+    pytest.importorskip("transformers")
+    import zoo
+
+    gpt2, _, loss = zoo.gpt2()
+    rep = _check(lambda b: loss(gpt2, b), [(b,) for b in zoo._varlen_batches(2)])
+    assert len(rep) == 8  # the model's and the loss's graphs, forward and backward, two lengths
+
+
+# -- on tpu ------------------------------------------------------------------------------------------------------------
+def _counters():
+    return torchtpu.metrics.counters()
+
+
+def _varlen_train(model, loss_fn, data):
+    twin = copy.deepcopy(model).to("tpu")
+    opt_c = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_t = torch.optim.SGD(twin.parameters(), lr=0.1)
+    f = torch.compile(lambda *a: loss_fn(twin, *a), backend="tpu", dynamic=True)
+    compiles, rel = [], []
+    for args in data:
+        lc = loss_fn(model, *args)
+        lc.backward()
+        opt_c.step()
+        opt_c.zero_grad()
+        c0 = _counters().get("compiles", 0)
+        lt = f(*(a.to("tpu") for a in args))
+        lt.backward()
+        opt_t.step()
+        opt_t.zero_grad()
+        rel.append(abs(lt.item() - lc.item()) / abs(lc.item()))
+        compiles.append(_counters().get("compiles", 0) - c0)
+    return compiles, rel
+
+
+@pytest.mark.one_pass("fused")  # the strict pass runs the CPU checks
+def test_compiled_gpt_over_lengths_17_to_64_captures_once_per_bucket():
+    import train_gpt
+
+    torch.manual_seed(0)
+    model = train_gpt.GPT(ctx=64)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    lengths = [17, 30, 23, 40, 33, 51, 20]  # buckets 32 and 64
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 64, (2, t), generator=g), torch.randint(0, 64, (2, t), generator=g)) for t in lengths]
+    torchtpu.metrics.reset()
+    compiles, rel = _varlen_train(model, lambda m, x, y: m(x, y), data)
+    c = _counters()
+    assert max(rel) < 1e-5, rel
+    assert c.get("compile.bucketed_captures") == 4  # forward and backward, two buckets
+    assert c.get("compile.bucketed_runs") == 2 * len(lengths) - 4
+    assert not c.get("compile.bucket_declined")
+    # a bucket's first step captures its programs (and in fused mode its second compiles the chunk they fuse into
+    # with the optimizer); every later length of a bucket compiles nothing
+    later = [n for i, n in enumerate(compiles)
+             if [buckets.bucket(t) for t in lengths[:i]].count(buckets.bucket(lengths[i])) >= 2]
+    assert len(later) == 3 and later == [0, 0, 0], compiles
+
+
+def test_a_python_float_argument_is_a_runtime_value_not_a_capture():
+    # dynamic=True: Dynamo passes the float as a 0-dim float64 CPU tensor; each call copies it to the device
+    fn = torch.compile(lambda x, s: (x * s).sum(0), backend="tpu", dynamic=True)
+    for n, scale in ((3, 0.5), (5, 0.25), (6, 2.0)):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(fn(x.to("tpu"), scale).cpu(), (x * scale).sum(0), rtol=1e-6, atol=1e-6)
+    c = _counters()
+    assert c.get("compile.bucketed_captures") == 2 and not c.get("compile.eager_graphs")  # buckets 4 and 8
+
+
+def test_mark_dynamic_batch_and_an_op_without_a_rule_is_captured_per_size():
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to("tpu")
+    cm = torch.compile(m, backend="tpu")
+    torchtpu.metrics.reset()
+    for n in (5, 6, 7):
+        x = torch.randn(n, 8, device="tpu")
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(cm(x).cpu(), m(x).cpu(), rtol=1e-5, atol=1e-5)
+    assert _counters().get("compile.bucketed_captures") == 1  # sizes 5, 6, 7: bucket 8
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x.flip(0).cumsum(0), backend="tpu", dynamic=True)  # flip: no bucketed rule
+    before = _counters().get("compile.captures", 0)
+    for n in (5, 6):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), x.flip(0).cumsum(0), rtol=1e-5, atol=1e-5)
+    assert _counters().get("compile.bucket_declined") == 1
+    assert _counters().get("compile.captures", 0) - before == 2  # one per exact size, as without buckets
+
+
+@pytest.mark.one_pass("strict")
+def test_default_compile_of_a_cnn_buckets_the_batch_after_it_changes_running_stats_right():
+    # torch.compile's automatic dynamic shapes: the first batch size is static; a second makes the batch symbolic, and
+    # from then on each bucket is one program (a smaller last batch costs no new compile for each size)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                      nn.Linear(8 * 6 * 6, 4))
+    t = copy.deepcopy(m).to("tpu")
+    oc, ot = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(t.parameters(), lr=0.1)
+    f = torch.compile(lambda x, y: F.cross_entropy(t(x), y), backend="tpu")
+    torchtpu.metrics.reset()
+    for n in (8, 5, 6, 3, 7):
+        x, y = torch.randn(n, 3, 12, 12), torch.randint(0, 4, (n,))
+        lc = F.cross_entropy(m(x), y)
+        lc.backward()
+        oc.step()
+        oc.zero_grad()
+        lt = f(x.to("tpu"), y.to("tpu"))
+        lt.backward()
+        ot.step()
+        ot.zero_grad()
+        assert abs(lt.item() - lc.item()) <= 1e-5 * abs(lc.item())
+    torch.testing.assert_close(t[1].running_mean.cpu(), m[1].running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(t[1].running_var.cpu(), m[1].running_var, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(t[0].weight.detach().cpu(), m[0].weight.detach(), rtol=1e-5, atol=1e-6)
+    c = torchtpu.metrics.counters()
+    assert c.get("compile.bucketed_captures") == 4  # buckets 8 (sizes 5, 6, 7) and 4 (size 3), forward and backward
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_advanced_indexing_with_broadcast_index_tensors():
+    def fn(x):  # transformers builds its masks this way: x[batch_idx, kv_idx]
+        b = torch.arange(x.shape[0]).view(-1, 1, 1)
+        t = torch.arange(x.shape[1]).view(1, -1, 1)
+        return x.cumsum(1)[b, t].sum(1) + x[:, torch.arange(x.shape[1] - 1)].sum(1).unsqueeze(1)
+
+    _check(fn, [(torch.randn(3, n),) for n in (5, 7, 9)])

@@ -1,0 +1,1468 @@
+"""Bucketed sizes for symbolic graphs: one program per bucket instead of one per size.
+
+A graph from ``torch.compile(dynamic=True)`` or ``mark_dynamic`` has symbolic sizes (``s0``). Each symbol's value is
+rounded up to its bucket (``set_shape_buckets``: by default the next power of two), and the graph runs on tensors of
+the bucket's sizes, *padded*: the valid values of a dimension of exact size ``n`` and padded size ``P`` are its first
+``n`` positions, the rest (the padding) hold anything. :func:`run` interprets the graph node by node on such
+tensors; where an op would read the padding into a valid position (a sum, a mean, a matmul's contraction, a softmax,
+a layer norm's weight gradient, an ``index_put`` with accumulation, a pad after the end) it first replaces the padding
+by the op's identity (``where``, NaN-safe) or moves values so that the valid ones stay in front. The true sizes are
+a runtime input (a device tensor), so the masks, counts and positions depend on them and not on the program: it
+is the same for every size of the bucket. An op it cannot prove right on padded inputs raises :class:`Unsupported`
+(the graph is then captured per exact size, as without buckets, and the reason reported).
+
+Dimensions that merge several padded ones (``view(B * T, H)`` of ``[B, T, H]``) keep their factors, so a mask
+knows which of the merged positions are valid. Inputs arrive compact (a contiguous tensor of the exact size at the
+start of a storage with the bucket's capacity): :func:`run` reads each through its flat storage and gathers it into
+the padded layout (padding zeroed), and returns each output compact again (its exact values first in a flat buffer
+of the bucket's capacity), so that the tensors the user sees have exact sizes and contiguous strides.
+
+The interpreter runs only while a program is captured (csrc/graph/capture.h records the ops it issues); every
+later call of the bucket runs the captured program, with no Python per op. It runs on CPU tensors too, which is
+how tests check it against the graph run at the exact sizes.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import os
+
+import torch
+
+_POLICY = os.environ.get("TORCHTPU_SHAPE_BUCKETS", "pow2")
+
+
+def set_shape_buckets(policy) -> None:
+    """How symbolic sizes are bucketed: "pow2" (default: the next power of two), a list of increasing sizes (a size
+    above the last is its own bucket), or None / "off" (every size is its own program, as before)."""
+    global _POLICY
+    if policy is None:
+        policy = "off"
+    if not isinstance(policy, str):
+        policy = ",".join(str(int(s)) for s in policy)
+    _POLICY = policy
+
+
+def get_shape_buckets():
+    return _POLICY
+
+
+def enabled() -> bool:
+    return _POLICY not in ("off", "", "0", "none")
+
+
+def bucket(n: int) -> int:
+    """The padded size of symbolic size n under the current policy."""
+    if n <= 1 or not enabled():
+        return n
+    if _POLICY == "pow2":
+        return 1 << (n - 1).bit_length()
+    for b in (int(s) for s in _POLICY.split(",")):
+        if n <= b:
+            return b
+    return n
+
+
+def alone(b: int) -> bool:
+    """Whether bucket b holds a single size (0, 1, 2 under "pow2"; a size past the policy's last bucket)."""
+    return b <= 2 or bucket(b - 1) != b
+
+
+class Unsupported(Exception):
+    """The graph cannot run bucketed (the message says which op and why)."""
+
+
+# -- sizes ----------------------------------------------------------------------------------------------------------
+class Sz:
+    """A symbolic size inside the interpreter: its sympy expression, its padded value, and its true value as a 0-dim
+    int64 tensor (None when the expression has no bucketed symbol: then it is the static int `padded`)."""
+
+    __slots__ = ("expr", "padded", "rt")
+
+    def __init__(self, expr, padded, rt):
+        self.expr, self.padded, self.rt = expr, padded, rt
+
+    def __repr__(self):
+        return f"Sz({self.expr}, padded={self.padded})"
+
+
+class _Ctx:
+    def __init__(self, symbols, values, sizes_tensor):
+        self.symbols = symbols  # sympy Symbol -> index into sizes_tensor
+        self.values = values  # sympy Symbol -> true int (capture time only: checks)
+        self.sizes = sizes_tensor
+        self.device = sizes_tensor.device
+        self._rt = {}
+        self._iota = {}
+        first = {}
+        self.rep = {s: first.setdefault(values[s], s) for s in sorted(values, key=str)}
+
+    def static(self, s) -> bool:
+        """A symbol whose bucket holds only its own value is a constant of the program."""
+        return alone(bucket(self.values[s]))
+
+    def sym_rt(self, s):
+        if s not in self._rt:
+            self._rt[s] = self.sizes[self.symbols[s]]
+        return self._rt[s]
+
+    def size(self, expr) -> Sz | int:
+        """An expression of the graph's symbols as a Sz (an int when it has no symbol)."""
+        import sympy
+
+        expr = sympy.sympify(expr)
+        # constants of the program; then symbols of equal values as one (the program's key holds which are equal)
+        fixed = {s: (self.values[s] if self.static(s) else self.rep[s]) for s in expr.free_symbols
+                 if self.static(s) or self.rep[s] != s}
+        if fixed:
+            expr = expr.subs(fixed)
+        if not expr.free_symbols:
+            return int(expr)
+        padded = int(expr.subs({s: bucket(self.values[s]) for s in expr.free_symbols}))
+        return Sz(expr, padded, self._eval(expr))
+
+    def _eval(self, e):
+        import sympy
+        from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+        if isinstance(e, sympy.Symbol):
+            return self.sym_rt(e)
+        if isinstance(e, sympy.Integer):
+            return int(e)
+        if isinstance(e, sympy.Add):
+            out = 0
+            for a in e.args:
+                out = out + self._eval(a)
+            return out
+        if isinstance(e, sympy.Mul):
+            out = 1
+            for a in e.args:
+                out = out * self._eval(a)
+            return out
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return self._eval(e.base) ** int(e.exp)
+        if isinstance(e, FloorDiv):
+            return torch.div(self._eval(e.args[0]), self._eval(e.args[1]), rounding_mode="floor")
+        if isinstance(e, (Mod, PythonMod)):
+            return torch.remainder(self._eval(e.args[0]), self._eval(e.args[1]))
+        raise Unsupported(f"the size expression {e} ({type(e).__name__})")
+
+    def iota(self, n):
+        if n not in self._iota:
+            self._iota[n] = torch.arange(n, device=self.device)
+        return self._iota[n]
+
+
+def _valid_expr(f):
+    return None if f[1] is None else f[1].expr
+
+
+def _same_factors(a, b) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and _valid_expr(x) == _valid_expr(y) for x, y in zip(a, b))
+
+
+# -- padded tensors ---------------------------------------------------------------------------------------------------
+class PT:
+    """A padded tensor: its values at padded sizes and, per dim, its factors: (padded size, valid Sz or None) from
+    the major to the minor; a dim whose factors all have valid None holds no padding."""
+
+    __slots__ = ("t", "dims")
+
+    def __init__(self, t, dims):
+        assert len(dims) == t.dim(), (t.shape, dims)
+        self.t, self.dims = t, tuple(tuple(d) for d in dims)
+
+    def tainted(self, d) -> bool:
+        return any(f[1] is not None for f in self.dims[d])
+
+    @property
+    def any_tainted(self):
+        return any(self.tainted(d) for d in range(len(self.dims)))
+
+
+def _plain(t):
+    return PT(t, [((s, None),) for s in t.shape])
+
+
+def _dim_mask(ctx, factors):
+    """A bool vector over a dim's padded positions: True where every factor is within its valid size."""
+    m = None
+    for i, (p, v) in enumerate(factors):
+        if v is None:
+            continue
+        f = ctx.iota(p) < v.rt
+        shape = [1] * len(factors)
+        shape[i] = p
+        f = f.view(shape)
+        m = f if m is None else m & f
+    if m is None:
+        return None
+    return m.expand([p for p, _ in factors]).reshape(-1)
+
+
+def _mask(ctx, x: PT, dims=None):
+    """A bool tensor broadcastable to x: True at valid positions of the given dims (default: all)."""
+    dims = range(x.t.dim()) if dims is None else dims
+    m = None
+    for d in dims:
+        dm = _dim_mask(ctx, x.dims[d])
+        if dm is None:
+            continue
+        shape = [1] * x.t.dim()
+        shape[d] = dm.numel()
+        dm = dm.view(shape)
+        m = dm if m is None else m & dm
+    return m
+
+
+def _fill(ctx, x: PT, value, dims=None) -> torch.Tensor:
+    """x's values with the padding of the given dims replaced by value."""
+    m = _mask(ctx, x, dims)
+    if m is None:
+        return x.t
+    return torch.where(m, x.t, torch.tensor(value, dtype=x.t.dtype, device=x.t.device))
+
+
+def _fresh_dims(ctx, node_val, t):
+    """Factors of an op's result whose dims are new (not views of an input's): from its symbolic sizes; a tainted dim
+    holds its valid values first."""
+    dims = []
+    for s, p in zip(node_val.shape, t.shape):
+        sz = ctx.size(s.node.expr) if isinstance(s, torch.SymInt) else int(s)
+        dims.append(((p, sz if isinstance(sz, Sz) else None),))
+    return dims
+
+
+# -- compact <-> padded ------------------------------------------------------------------------------------------------
+def pad_input(ctx, flat: torch.Tensor, sizes) -> PT:
+    """A compact tensor of exact sizes `sizes` (Sz or int), read from the flat buffer of its storage, as a padded
+    tensor (the padding zeroed)."""
+    return _pad_dims(ctx, flat, [((s.padded, s),) if isinstance(s, Sz) else ((s, None),) for s in sizes])
+
+
+def _pad_dims(ctx, flat: torch.Tensor, dims) -> PT:
+    """The compact values in flat laid out padded with the given factors per dim (the padding zeroed)."""
+    padded = [math.prod(p for p, _ in fs) for fs in dims]
+    if not dims:
+        return PT(flat[0], [])
+    factors = [f for fs in dims for f in fs]
+    idx, stride = None, 1
+    fshape = [p for p, _ in factors]
+    for k in range(len(factors) - 1, -1, -1):
+        p, v = factors[k]
+        shape = [1] * len(factors)
+        shape[k] = p
+        term = ctx.iota(p).view(shape) * stride
+        idx = term if idx is None else idx + term
+        stride = stride * (v.rt if v is not None else p)
+    pt = PT(torch.zeros((), dtype=flat.dtype, device=flat.device).expand(padded), dims)
+    m = _mask(ctx, pt)
+    idx = idx.expand(fshape).reshape(padded)
+    if m is not None:
+        idx = torch.where(m, idx, 0)
+    vals = flat[idx.reshape(-1).clamp(0, flat.numel() - 1)].view(padded)
+    if m is not None:
+        vals = torch.where(m, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
+    return PT(vals, dims)
+
+
+def _conform(ctx, x: PT, d, factors) -> PT:
+    """x with dim d laid out by the given factors (same valid count), its other dims as they are."""
+    dims = list(x.dims)
+    dims[d] = tuple(factors)
+    return _pad_dims(ctx, compact_output(ctx, x), dims)
+
+
+def compact_output(ctx, x: PT, sizes=None) -> torch.Tensor:
+    """x's valid values in row-major order of its exact sizes, first in a flat tensor of x's padded numel (a dim
+    merged from several padded ones is unravelled by its factors)."""
+    n = x.t.numel()
+    if n == 0 or x.t.dim() == 0:
+        return x.t.reshape(-1)
+    factors = [f for fs in x.dims for f in fs]
+    rest, src, pstride = ctx.iota(n), 0, 1
+    for k in range(len(factors) - 1, -1, -1):
+        p, v = factors[k]
+        e = v.rt if v is not None else p
+        if k == 0:
+            i_k = rest
+        else:
+            i_k = torch.remainder(rest, e)
+            rest = torch.div(rest, e, rounding_mode="floor")
+        src = src + i_k * pstride
+        pstride *= p
+    return x.t.reshape(-1)[src.clamp(0, n - 1)]
+
+
+def _repack(ctx, x: PT, sizes) -> PT:
+    """x's values laid out anew for exact sizes `sizes` (Sz or int per dim): compacted, then padded again."""
+    return pad_input(ctx, compact_output(ctx, x), sizes)
+
+
+def _agree(ctx, node, a: PT, da, b: PT, db):
+    """a and b with their dims da and db laid out alike: a single-prefix layout is brought to the other's factors
+    (a merged B*T dim that arrived compact, next to one merged from padded [B, T])."""
+    fa, fb = a.dims[da], b.dims[db]
+    if not (a.tainted(da) and b.tainted(db)) or _same_factors(fa, fb):
+        return a, b
+    if _count_expr(fa) != _count_expr(fb):
+        raise Unsupported(f"{node.target}: dims of different valid sizes")
+    if len(fa) == 1:
+        return _conform(ctx, a, da, fb), b
+    if len(fb) == 1:
+        return a, _conform(ctx, b, db, fa)
+    raise Unsupported(f"{node.target}: inputs padded differently")
+
+
+def _count_expr(factors):
+    import sympy
+
+    n = sympy.Integer(1)
+    for p, v in factors:
+        n = n * (v.expr if v is not None else p)
+    return sympy.expand(n)
+
+
+# -- the interpreter -------------------------------------------------------------------------------------------------
+_HANDLERS = {}
+
+
+def _handles(*ops):
+    def deco(fn):
+        for op in ops:
+            _HANDLERS[op] = fn
+        return fn
+
+    return deco
+
+
+aten = torch.ops.aten
+
+
+def _val(node):
+    return node.meta.get("val")
+
+
+def _padded_leaf(a):
+    if isinstance(a, PT):
+        return a.t
+    if isinstance(a, Sz):
+        return a.padded
+    if isinstance(a, Rt):
+        raise Unsupported("a value computed from symbolic sizes where a size is expected")
+    return a
+
+
+def _padded(a):
+    """Arguments for a real call: padded tensors' values, Sz as their padded ints (size positions)."""
+    return _map(a, _padded_leaf)
+
+
+def _has_sz(a):
+    if isinstance(a, (Sz, Rt)):
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_has_sz(x) for x in a)
+    return False
+
+
+def _check(node, out, ctx):
+    """The result's shape must be the node's symbolic shape at the buckets (a handler's own consistency check)."""
+    val = _val(node)
+    if isinstance(out, PT) and isinstance(val, torch.Tensor):
+        want = tuple(ctx.size(s.node.expr).padded if isinstance(s, torch.SymInt) and
+                     isinstance(ctx.size(s.node.expr), Sz) else int(ctx.size(s.node.expr))
+                     if isinstance(s, torch.SymInt) else int(s) for s in val.shape)
+        if tuple(out.t.shape) != want:
+            raise Unsupported(f"{node.target}: padded result {tuple(out.t.shape)} != {want}")
+        if out.t.dtype != val.dtype:
+            raise Unsupported(f"{node.target}: result dtype {out.t.dtype} != {val.dtype}")
+
+
+def run(gm, inputs, ctx: _Ctx):
+    """Runs gm's nodes on inputs (PT, Sz, ints...); returns its outputs (PT or plain values)."""
+    env = {}
+    it = iter(inputs)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(it)
+        elif node.op == "get_attr":
+            env[node] = _plain(getattr(gm, node.target))
+        elif node.op == "call_function":
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            try:
+                env[node] = _call(node, args, kwargs, ctx)
+            except Unsupported as e:
+                if os.environ.get("TORCHTPU_BUCKETS_DEBUG"):
+                    desc = [(tuple(a.t.shape), a.dims) if isinstance(a, PT) else a for a in _flat(args, kwargs)]
+                    raise Unsupported(f"{e} [{node.format_node()} with {desc}]") from None
+                raise
+            if isinstance(env[node], PT):
+                _check(node, env[node], ctx)
+        elif node.op == "output":
+            return torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+    raise Unsupported("the graph has no output")
+
+
+def _call(node, args, kwargs, ctx):
+    target = node.target
+    h = _HANDLERS.get(target)
+    if h is None and isinstance(target, torch._ops.OpOverload):
+        h = _HANDLERS.get(target.overloadpacket)
+        if h is None and torch.Tag.pointwise in target.tags:
+            h = _pointwise
+    if h is None:
+        if not any(isinstance(a, (PT, Sz, Rt)) and (not isinstance(a, PT) or a.any_tainted)
+                   for a in _flat(args, kwargs)):
+            # no padding reaches it and no symbolic size: it runs as is
+            out = target(*_padded(args), **_padded(kwargs))
+            return _wrap_plain(out)
+        raise Unsupported(f"{target} has no bucketed rule")
+    return h(node, args, kwargs, ctx)
+
+
+def _flat(args, kwargs):
+    out = []
+    _flatten(args, out)
+    _flatten(kwargs, out)
+    return out
+
+
+def _flatten(a, out):
+    if isinstance(a, (list, tuple)):
+        for x in a:
+            _flatten(x, out)
+    elif isinstance(a, dict):
+        for x in a.values():
+            _flatten(x, out)
+    else:
+        out.append(a)
+
+
+def _map(a, fn):
+    """a with fn applied to each leaf of its lists, tuples and dicts (module-level: a recursive closure would be a
+    reference cycle keeping device tensors alive past the capture)."""
+    if isinstance(a, (list, tuple)):
+        return type(a)(_map(x, fn) for x in a)
+    if isinstance(a, dict):
+        return {k: _map(v, fn) for k, v in a.items()}
+    return fn(a)
+
+
+def _wrap_plain(out):
+    if isinstance(out, torch.Tensor):
+        return _plain(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_plain(o) for o in out)
+    return out
+
+
+# -- symbolic ints -----------------------------------------------------------------------------------------------------
+class Rt:
+    """A float or bool computed from symbolic sizes (``2 / (s0 - 1)``): a runtime value, a 0-dim device tensor."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+
+def _rt_of(a):
+    return a.rt if isinstance(a, Sz) else a.t if isinstance(a, Rt) else a
+
+
+def _sym_binary(fn):
+    def h(node, args, kwargs, ctx):
+        val = _val(node)
+        if isinstance(val, torch.SymInt):
+            return ctx.size(val.node.expr)
+        if any(isinstance(a, (Sz, Rt)) for a in args):
+            out = fn(*(_rt_of(a) for a in args))
+            return Rt(out) if isinstance(out, torch.Tensor) else out
+        return fn(*args)
+
+    return h
+
+
+for _op in (operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod, operator.neg,
+            operator.truediv, operator.pow, torch.sym_max, torch.sym_min):
+    _HANDLERS[_op] = _sym_binary(_op)
+
+
+@_handles(torch.sym_float, torch.sym_int, torch.sym_sqrt)
+def _sym_cast(node, args, kwargs, ctx):
+    a = args[0]
+    if node.target is torch.sym_sqrt:
+        return Rt(torch.sqrt(_rt_of(a).double())) if isinstance(a, (Sz, Rt)) else math.sqrt(a)
+    return a  # a size used as a value stays its runtime tensor (true division promotes it)
+
+
+@_handles(aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, aten.sym_storage_offset.default)
+def _sym_size(node, args, kwargs, ctx):
+    val = _val(node)
+    if isinstance(val, torch.SymInt):
+        return ctx.size(val.node.expr)
+    return int(val)
+
+
+@_handles(operator.getitem)
+def _getitem(node, args, kwargs, ctx):
+    return args[0][args[1]]
+
+
+# -- pointwise ---------------------------------------------------------------------------------------------------------
+def _broadcast_dims(node, tensors, out, ctx, fresh=True):
+    """Result factors of a broadcasting op: a dim takes the factors of the inputs that are full-size there (else,
+    with fresh, those of the node's symbolic sizes)."""
+    nd = out.dim()
+    dims = []
+    fresh = _fresh_dims(ctx, _val(node), out) if fresh and isinstance(_val(node), torch.Tensor) else None
+    for d in range(nd):
+        chosen = None
+        for x in tensors:
+            k = d - (nd - x.t.dim())
+            if k < 0 or x.t.shape[k] != out.shape[d]:
+                continue
+            f = x.dims[k]
+            if any(v is not None for _, v in f):
+                if chosen is not None and not _same_factors(chosen, f):
+                    raise Unsupported(f"{node.target}: inputs padded differently in dim {d}")
+                chosen = f
+        if chosen is None:
+            chosen = fresh[d] if fresh is not None else ((out.shape[d], None),)
+        dims.append(chosen)
+    return dims
+
+
+def _rt_leaf(a):
+    if isinstance(a, Sz):
+        return a.rt
+    if isinstance(a, (PT, Rt)):
+        return a.t
+    return a
+
+
+def _runtime_scalars(node, args, kwargs, ctx):
+    """A symbolic size used as a value (x / s0, x * n): its true value as a device tensor."""
+    return _map(args, _rt_leaf), _map(kwargs, _rt_leaf)
+
+
+def _call_pointwise(node, args, kwargs, ctx):
+    target = node.target
+    a, k = _runtime_scalars(node, args, kwargs, ctx)
+    if _has_sz(args) or _has_sz(kwargs):
+        # a Scalar overload given a runtime value: call its Tensor overload
+        name = target.overloadpacket
+        for ov in ("Tensor", "Tensor_Tensor", "Scalar_Tensor", "Tensor_Scalar"):
+            alt = getattr(name, ov, None) if hasattr(name, ov) else None
+            if alt is not None:
+                try:
+                    return alt(*a, **k)
+                except (RuntimeError, TypeError):
+                    continue
+        raise Unsupported(f"{target} with a runtime size as a value")
+    return target(*a, **k)
+
+
+def _harmonize(ctx, node, args, kwargs):
+    """args and kwargs with their padded tensors laid out alike in each broadcast dim."""
+    tensors = [x for x in _flat(args, kwargs) if isinstance(x, PT)]
+    if len(tensors) < 2:
+        return args, kwargs
+    nd = max(x.t.dim() for x in tensors)
+    repl = {}
+    for d in range(nd):
+        ref = None
+        for x in tensors:
+            x = repl.get(id(x), x)
+            k = d - (nd - x.t.dim())
+            if k < 0 or not x.tainted(k):
+                continue
+            if ref is None:
+                ref = (x, k)
+                continue
+            if not _same_factors(ref[0].dims[ref[1]], x.dims[k]):
+                a, b = _agree(ctx, node, ref[0], ref[1], x, k)
+                if a is not ref[0]:
+                    repl[id(ref[0])] = a
+                    for y in tensors:  # ref's original may be reached through other entries
+                        if repl.get(id(y)) is ref[0]:
+                            repl[id(y)] = a
+                    ref = (a, ref[1])
+                if b is not x:
+                    repl[id(x)] = b
+    if not repl:
+        return args, kwargs
+
+    def sub(a):
+        return repl.get(id(a), a) if isinstance(a, PT) else a
+
+    return _map(args, sub), _map(kwargs, sub)
+
+
+def _pointwise(node, args, kwargs, ctx):
+    args, kwargs = _harmonize(ctx, node, args, kwargs)
+    out = _call_pointwise(node, args, kwargs, ctx)
+    tensors = [x for x in _flat(args, kwargs) if isinstance(x, PT)]
+    return PT(out, _broadcast_dims(node, tensors, out, ctx))
+
+
+for _op in (aten.where.self, aten.clone.default, aten.alias.default, aten._to_copy.default,
+            aten.lift_fresh_copy.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+            aten.empty_like.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.clamp.default,
+            aten.clamp.Tensor, torch.ops.prims.convert_element_type.default, aten.copy.default,
+            aten.gelu_backward.default, aten.threshold_backward.default, aten.tanh_backward.default,
+            aten.sigmoid_backward.default, aten.silu_backward.default, aten.native_dropout_backward.default):
+    _HANDLERS[_op] = _pointwise
+
+
+@_handles(aten.native_dropout.default)
+def _dropout(node, args, kwargs, ctx):
+    out, mask = node.target(*_padded(args), **_padded(kwargs))
+    dims = args[0].dims
+    return (PT(out, dims), PT(mask, dims))
+
+
+# -- factories ---------------------------------------------------------------------------------------------------------
+def _factory(node, args, kwargs, ctx):
+    val = _val(node)
+    if node.target in (aten.arange.start_step, aten.arange.start, aten.arange.default):
+        start = args[0] if len(args) > 1 else 0
+        if isinstance(start, Sz) or (len(args) > 2 and isinstance(args[2], Sz)):
+            raise Unsupported(f"{node.target} with a symbolic start or step")
+    if node.target in (aten.full.default,) and isinstance(args[1], Sz):
+        raise Unsupported("full with a symbolic fill value")
+    out = node.target(*_padded(args), **_padded(kwargs))
+    return PT(out, _fresh_dims(ctx, val, out))
+
+
+for _op in (aten.arange.start_step, aten.arange.start, aten.arange.default, aten.full.default, aten.zeros.default,
+            aten.ones.default, aten.empty.memory_format, aten.scalar_tensor.default, aten.new_zeros.default,
+            aten.new_ones.default, aten.new_full.default, aten.new_empty.default, aten.empty_strided.default,
+            torch.ops.prims.iota.default):
+    _HANDLERS[_op] = _factory
+
+
+# -- views ---------------------------------------------------------------------------------------------------------------
+def _regroup(node, factors, out_shape):
+    """Factors of a reshape's result dims: the input's factors, flattened, grouped to the result's sizes (a factor
+    without padding may be split; a padded one may not)."""
+    flat = [f for fs in factors for f in fs if f[0] != 1]
+    out, i = [], 0
+    for n in out_shape:
+        if n == 1:
+            out.append(((1, None),))
+            continue
+        group, prod = [], 1
+        while prod < n and i < len(flat):
+            p, v = flat[i]
+            if prod * p > n:
+                if v is not None or n % prod or p % (n // prod):
+                    raise Unsupported(f"{node.target}: a padded dim split across {tuple(out_shape)}")
+                take = n // prod
+                group.append((take, None))
+                flat[i] = (p // take, None)
+                prod = n
+                break
+            group.append(flat[i])
+            prod *= p
+            i += 1
+        if prod != n:
+            raise Unsupported(f"{node.target}: reshape to {tuple(out_shape)}")
+        out.append(tuple(group))
+    if i != len(flat):
+        raise Unsupported(f"{node.target}: reshape to {tuple(out_shape)} leaves factors")
+    return out
+
+
+def _view(node, args, kwargs, ctx):
+    x = args[0]
+    # a reshape, not a view: a handler's result may be laid out unlike the traced one (the graph is functional)
+    out = x.t.reshape(_padded(args[1]))
+    try:
+        return PT(out, _regroup(node, x.dims, out.shape))
+    except Unsupported:
+        # the padding does not split along the result's dims (a merged B*T dim read as [B, T]): lay it out anew
+        return _repack(ctx, x, [ctx.size(_expr(s)) for s in _val(node).shape])
+
+
+for _op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default):
+    _HANDLERS[_op] = _view
+
+
+@_handles(aten.permute.default, aten.permute_copy.default)
+def _permute(node, args, kwargs, ctx):
+    x, perm = args[0], [p % max(args[0].t.dim(), 1) for p in args[1]]
+    return PT(node.target(x.t, perm), [x.dims[p] for p in perm])
+
+
+@_handles(aten.transpose.int)
+def _transpose(node, args, kwargs, ctx):
+    x, a, b = args
+    dims = list(x.dims)
+    a, b = a % x.t.dim(), b % x.t.dim()
+    dims[a], dims[b] = dims[b], dims[a]
+    return PT(node.target(x.t, a, b), dims)
+
+
+@_handles(aten.t.default)
+def _t(node, args, kwargs, ctx):
+    x = args[0]
+    return PT(x.t.t(), list(reversed(x.dims)))
+
+
+@_handles(aten.unsqueeze.default)
+def _unsqueeze(node, args, kwargs, ctx):
+    x, d = args
+    d = d % (x.t.dim() + 1)
+    dims = list(x.dims)
+    dims.insert(d, ((1, None),))
+    return PT(x.t.unsqueeze(d), dims)
+
+
+@_handles(aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default)
+def _squeeze(node, args, kwargs, ctx):
+    x = args[0]
+    out = node.target(*_padded(args))
+    if node.target is aten.squeeze.default:
+        drop = [d for d in range(x.t.dim()) if x.t.shape[d] == 1]
+    else:
+        ds = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        drop = [d % max(x.t.dim(), 1) for d in ds if x.t.shape[d % max(x.t.dim(), 1)] == 1]
+    return PT(out, [f for d, f in enumerate(x.dims) if d not in drop])
+
+
+@_handles(aten.expand.default, aten.expand_copy.default)
+def _expand(node, args, kwargs, ctx):
+    x = args[0]
+    out = node.target(*_padded(args))
+    fresh = _fresh_dims(ctx, _val(node), out)
+    nd, dims = out.dim(), []
+    for d in range(nd):
+        k = d - (nd - x.t.dim())
+        if k >= 0 and x.t.shape[k] == out.shape[d]:
+            dims.append(x.dims[k])
+        else:
+            dims.append(fresh[d])
+    return PT(out, dims)
+
+
+# -- reductions -------------------------------------------------------------------------------------------------------
+def _reduce_dims(x, dims):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(x.t.dim()))
+    dims = dims if isinstance(dims, (list, tuple)) else [dims]
+    return [d % max(x.t.dim(), 1) for d in dims]
+
+
+def _kept(x, rdims, keepdim):
+    return [((1, None),) if d in rdims else f for d, f in enumerate(x.dims) if keepdim or d not in rdims]
+
+
+def _identity(op, dtype):
+    if op in ("amax", "max"):
+        return -math.inf if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
+    if op in ("amin", "min"):
+        return math.inf if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
+    if op == "prod":
+        return 1
+    if op == "all":
+        return True
+    return 0
+
+
+def _count(ctx, x, rdims):
+    n = 1
+    for d in rdims:
+        for p, v in x.dims[d]:
+            n = n * (v.rt if v is not None else p)
+    return n
+
+
+@_handles(aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default, aten.any.dim,
+          aten.any.dims, aten.any.default, aten.all.dim, aten.all.default, aten.prod.dim_int, aten.mean.dim,
+          aten.mean.default, aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim)
+def _reduction(node, args, kwargs, ctx):
+    x = args[0]
+    name = node.target.overloadpacket.__name__
+    single = name in ("argmax", "argmin", "max", "min", "prod")  # one dim (or all for argmax)
+    dims_arg = args[1] if len(args) > 1 else kwargs.get("dim")
+    if node.target in (aten.sum.default, aten.any.default, aten.all.default, aten.mean.default):
+        dims_arg = None
+    keepdim = (args[2] if len(args) > 2 else kwargs.get("keepdim", False)) if dims_arg is not None else False
+    if single and dims_arg is None and name in ("argmax", "argmin") and x.any_tainted:
+        raise Unsupported(f"{node.target} over every dim of a padded tensor (flat positions)")
+    rdims = _reduce_dims(x, dims_arg)
+    ident = _identity(name.replace("arg", ""), x.t.dtype)
+    xs = _fill(ctx, x, ident, rdims) if any(x.tainted(d) for d in rdims) else x.t
+    if name == "mean":
+        if not any(x.tainted(d) for d in rdims):
+            out = node.target(xs, *_padded(args[1:]), **_padded(kwargs))
+        else:
+            dtype = kwargs.get("dtype") or (args[3] if len(args) > 3 else None) or x.t.dtype
+            s = torch.sum(xs.to(dtype), dim=rdims, keepdim=keepdim)
+            out = (s / _count(ctx, x, rdims)).to(dtype)
+        return PT(out, _kept(x, rdims, keepdim))
+    out = node.target(xs, *_padded(args[1:]), **_padded(kwargs))
+    if isinstance(out, tuple):
+        return tuple(PT(o, _kept(x, rdims, keepdim)) for o in out)
+    return PT(out, _kept(x, rdims, keepdim))
+
+
+@_handles(aten.var.correction, aten.var_mean.correction)
+def _var(node, args, kwargs, ctx):
+    x = args[0]
+    dims_arg = args[1] if len(args) > 1 else kwargs.get("dim")
+    correction = kwargs.get("correction", 1 if len(args) < 3 else args[2])
+    correction = 1 if correction is None else correction
+    keepdim = kwargs.get("keepdim", False)
+    rdims = _reduce_dims(x, dims_arg)
+    if not any(x.tainted(d) for d in rdims):
+        out = node.target(*_padded(args), **_padded(kwargs))
+        kept = _kept(x, rdims, keepdim)
+        return tuple(PT(o, kept) for o in out) if isinstance(out, tuple) else PT(out, kept)
+    n = _count(ctx, x, rdims)
+    xs = _fill(ctx, x, 0, rdims)
+    mean = torch.sum(xs, dim=rdims, keepdim=True) / n
+    dev = _fill(ctx, PT(x.t - mean, x.dims), 0, rdims)
+    var = torch.sum(dev * dev, dim=rdims, keepdim=keepdim) / (n - correction)
+    kept = _kept(x, rdims, keepdim)
+    if node.target is aten.var_mean.correction:
+        return PT(var, kept), PT(mean if keepdim else mean.squeeze(rdims), kept)
+    return PT(var, kept)
+
+
+@_handles(aten.cumsum.default, aten.cumprod.default, aten.cummax.default, aten.cummin.default,
+          aten.logcumsumexp.default)
+def _scan(node, args, kwargs, ctx):
+    """A scan along a dim reads only earlier positions: the padding, after the valid values, is never read into
+    them, unless the dim merges several padded ones."""
+    x, dim = args[0], args[1] % max(args[0].t.dim(), 1)
+    if x.tainted(dim) and len(x.dims[dim]) != 1:
+        raise Unsupported(f"{node.target} along a merged padded dim")
+    out = node.target(*_padded(args), **_padded(kwargs))
+    return tuple(PT(o, x.dims) for o in out) if isinstance(out, tuple) else PT(out, x.dims)
+
+
+# -- matmuls ------------------------------------------------------------------------------------------------------------
+def _contract(ctx, node, a, b, ka, kb):
+    """a and b with the padding of their contracted dims (a's ka, b's kb) zeroed."""
+    a, b = _agree(ctx, node, a, ka, b, kb)
+    fa, fb = a.dims[ka], b.dims[kb]
+    ta, tb = a.tainted(ka), b.tainted(kb)
+    if ta and tb and not _same_factors(fa, fb):
+        raise Unsupported(f"{node.target}: contracted dims padded differently")
+    if not (ta or tb):
+        return a.t, b.t
+    f = fa if ta else fb
+    return (_fill(ctx, PT(a.t, [f if d == ka else ((s, None),) for d, s in enumerate(a.t.shape)]), 0, [ka]),
+            _fill(ctx, PT(b.t, [f if d == kb else ((s, None),) for d, s in enumerate(b.t.shape)]), 0, [kb]))
+
+
+@_handles(aten.mm.default)
+def _mm(node, args, kwargs, ctx):
+    a, b = args
+    at_, bt = _contract(ctx, node, a, b, 1, 0)
+    return PT(torch.mm(at_, bt), [a.dims[0], b.dims[1]])
+
+
+@_handles(aten.bmm.default)
+def _bmm(node, args, kwargs, ctx):
+    a, b = args
+    at_, bt = _contract(ctx, node, a, b, 2, 1)
+    batch = a.dims[0] if a.tainted(0) else b.dims[0]
+    return PT(torch.bmm(at_, bt), [batch, a.dims[1], b.dims[2]])
+
+
+@_handles(aten.addmm.default)
+def _addmm(node, args, kwargs, ctx):
+    bias, a, b = args[:3]
+    at_, bt = _contract(ctx, node, a, b, 1, 0)
+    out = aten.addmm.default(bias.t, at_, bt, *args[3:], **kwargs)
+    prod = PT(out, [a.dims[0], b.dims[1]])
+    return PT(out, _broadcast_dims(node, [prod, bias], out, ctx))
+
+
+# -- softmax ------------------------------------------------------------------------------------------------------------
+@_handles(aten._softmax.default, aten._log_softmax.default)
+def _softmax(node, args, kwargs, ctx):
+    x, dim = args[0], args[1] % max(args[0].t.dim(), 1)
+    xs = _fill(ctx, x, -math.inf, [dim]) if x.tainted(dim) else x.t
+    return PT(node.target(xs, dim, *args[2:]), x.dims)
+
+
+@_handles(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+def _softmax_backward(node, args, kwargs, ctx):
+    g, out, dim = args[0], args[1], args[2] % max(args[0].t.dim(), 1)
+    if g.tainted(dim) or out.tainted(dim):
+        gt = _fill(ctx, g, 0, [dim])
+        ot = _fill(ctx, out, 0 if node.target is aten._softmax_backward_data.default else -math.inf, [dim])
+    else:
+        gt, ot = g.t, out.t
+    res = node.target(gt, ot, dim, *args[3:])
+    return PT(res, _broadcast_dims(node, [g, out], res, ctx))
+
+
+# -- norms ---------------------------------------------------------------------------------------------------------------
+@_handles(aten.native_layer_norm.default)
+def _layer_norm(node, args, kwargs, ctx):
+    x, shape = args[0], args[1]
+    k = x.t.dim() - len(shape)
+    if any(x.tainted(d) for d in range(k, x.t.dim())):
+        raise Unsupported("native_layer_norm over a padded dim")
+    out, mean, rstd = node.target(*_padded(args))
+    lead = list(x.dims[:k]) + [((1, None),)] * len(shape)
+    return PT(out, x.dims), PT(mean, lead), PT(rstd, lead)
+
+
+@_handles(aten.native_layer_norm_backward.default)
+def _layer_norm_backward(node, args, kwargs, ctx):
+    go, x, shape, mean, rstd, w, b, mask = args
+    k = x.t.dim() - len(shape)
+    if any(x.tainted(d) for d in range(k, x.t.dim())):
+        raise Unsupported("native_layer_norm_backward over a padded dim")
+    lead = list(range(k))
+    # the weight and bias gradients sum over the leading dims: the padding contributes exactly 0
+    gi, gw, gb = node.target(_fill(ctx, go, 0, lead), _fill(ctx, x, 0, lead), list(shape), _fill(ctx, mean, 0, lead),
+                             _fill(ctx, rstd, 1, lead), _padded(w), _padded(b), mask)
+    return (PT(gi, x.dims) if gi is not None else None, _plain(gw) if gw is not None else None,
+            _plain(gb) if gb is not None else None)
+
+
+# -- indexing ------------------------------------------------------------------------------------------------------------
+@_handles(aten.embedding.default)
+def _embedding(node, args, kwargs, ctx):
+    w, idx = args[0], args[1]
+    if w.any_tainted:
+        raise Unsupported("embedding of a padded weight")
+    it = _fill(ctx, idx, 0)  # the padding's indices are garbage: index 0 instead
+    out = node.target(w.t, it, *args[2:])
+    return PT(out, list(idx.dims) + [w.dims[1]])
+
+
+@_handles(aten.gather.default)
+def _gather(node, args, kwargs, ctx):
+    x, dim, idx = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
+    if idx.tainted(dim):
+        raise Unsupported("gather with an index padded along the gathered dim")
+    it = _fill(ctx, idx, 0)
+    out = torch.gather(x.t, dim, it, **kwargs)
+    dims = [idx.dims[d] if idx.tainted(d) or d == dim else x.dims[d] if x.t.shape[d] == out.shape[d]
+            else idx.dims[d] for d in range(out.dim())]
+    return PT(out, dims)
+
+
+@_handles(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
+def _scatter(node, args, kwargs, ctx):
+    x, dim, idx = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
+    if idx.tainted(dim):
+        raise Unsupported(f"{node.target} with an index padded along the scattered dim")
+    for d in range(idx.t.dim()):
+        if idx.tainted(d) and not _same_factors(idx.dims[d], x.dims[d]):
+            raise Unsupported(f"{node.target}: index and self padded differently")
+    rest = [a.t if isinstance(a, PT) else a for a in args[3:]]
+    out = node.target(x.t, dim, _fill(ctx, idx, 0), *rest)
+    return PT(out, x.dims)
+
+
+@_handles(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default)
+def _index_put(node, args, kwargs, ctx):
+    x, indices, values = args[0], args[1], args[2]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if x.any_tainted and any(i is not None and i.any_tainted for i in indices):
+        raise Unsupported(f"{node.target} into a padded tensor at padded indices")
+    tainted = [i for i in indices if i is not None and i.any_tainted]
+    if not tainted:
+        out = node.target(x.t, [None if i is None else i.t for i in indices], values.t, accumulate)
+        return PT(out, x.dims)
+    if not accumulate:
+        raise Unsupported(f"{node.target} without accumulation at padded indices")
+    # the padding's rows add 0 (at index 0)
+    m = None
+    for i in tainted:
+        mi = _mask(ctx, i)
+        m = mi if m is None else m & mi
+    idx = [None if i is None else torch.where(_mask(ctx, i), i.t, 0) if i.any_tainted else i.t for i in indices]
+    nb = m.dim()
+    vm = m.view(list(m.shape) + [1] * (values.t.dim() - nb)) if values.t.dim() >= nb else m
+    vals = torch.where(vm, values.t, torch.zeros((), dtype=values.t.dtype, device=values.t.device))
+    out = node.target(x.t, idx, vals, True)
+    return PT(out, x.dims)
+
+
+@_handles(aten.index.Tensor)
+def _index(node, args, kwargs, ctx):
+    """Advanced indexing: the result's indexed dims are the indices' broadcast dims (the padding's indices read
+    position 0), the others x's; a valid index points at a valid position."""
+    x, indices = args
+    pos = [i for i, ix in enumerate(indices) if ix is not None]
+    idx = [indices[i] for i in pos]
+    if not idx or any(i.t.dtype == torch.bool for i in idx):
+        raise Unsupported("boolean-mask index")
+    args2, _ = _harmonize(ctx, node, (idx,), {})
+    idx = list(args2[0])
+    filled = [_fill(ctx, i, 0) for i in idx]
+    full = list(indices)
+    for p, f in zip(pos, filled):
+        full[p] = f
+    out = aten.index.Tensor(x.t, full)
+    bshape = torch.broadcast_shapes(*(i.t.shape for i in idx))
+    probe = torch.empty(bshape, device="meta")
+    bdims = _broadcast_dims(node, idx, probe, ctx, fresh=False) if len(bshape) else []
+    rest_before = list(x.dims[:pos[0]])
+    rest_after = list(x.dims[pos[-1] + 1:])
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    dims = rest_before + bdims + rest_after if adjacent else bdims + [f for d, f in enumerate(x.dims) if d not in pos]
+    return PT(out, dims)
+
+
+@_handles(aten.slice.Tensor)
+def _slice(node, args, kwargs, ctx):
+    x = args[0]
+    dim = (args[1] if len(args) > 1 else 0) % max(x.t.dim(), 1)
+    start = args[2] if len(args) > 2 else None
+    step = args[4] if len(args) > 4 else 1
+    out = node.target(*_padded(args))
+    dims = list(x.dims)
+    if x.tainted(dim):
+        if len(x.dims[dim]) != 1 or step != 1 or (start is not None and (isinstance(start, Sz) or start < 0)):
+            raise Unsupported("slice of a padded dim other than [k:end] with k >= 0")
+        dims[dim] = _fresh_dims(ctx, _val(node), out)[dim]
+    else:
+        dims[dim] = ((out.shape[dim], None),)
+    return PT(out, dims)
+
+
+@_handles(aten.slice_scatter.default)
+def _slice_scatter(node, args, kwargs, ctx):
+    import sympy
+
+    base, src = args[0], args[1]
+    dim = (args[2] if len(args) > 2 else 0) % max(base.t.dim(), 1)
+    start = args[3] if len(args) > 3 else None
+    step = args[5] if len(args) > 5 else 1
+    if base.tainted(dim) or src.tainted(dim):
+        if step != 1 or isinstance(start, Sz) or (start or 0) < 0 or len(base.dims[dim]) != 1 or \
+                len(src.dims[dim]) != 1:
+            raise Unsupported("slice_scatter into a padded dim other than [k:end]")
+        # the source's padding lands in the base's padding only if the source reaches the base's end
+        lb, ls = _valid_expr(base.dims[dim][0]), _valid_expr(src.dims[dim][0])
+        lb = base.dims[dim][0][0] if lb is None else lb
+        ls = src.dims[dim][0][0] if ls is None else ls
+        if sympy.simplify(sympy.sympify(lb) - sympy.sympify(ls) - (start or 0)) != 0:
+            raise Unsupported("slice_scatter of a padded source short of the base's end")
+    out = node.target(*_padded(args))
+    return PT(out, _broadcast_dims(node, [base], out, ctx))
+
+
+@_handles(aten.constant_pad_nd.default)
+def _constant_pad(node, args, kwargs, ctx):
+    x, pad = args[0], list(args[1])
+    value = args[2] if len(args) > 2 else 0
+    if any(isinstance(p, Sz) for p in pad):
+        raise Unsupported("constant_pad_nd by a symbolic amount")
+    out = node.target(x.t, pad, value)
+    dims = list(x.dims)
+    fresh = _fresh_dims(ctx, _val(node), out)
+    for j in range(len(pad) // 2):
+        d = x.t.dim() - 1 - j
+        before, after = pad[2 * j], pad[2 * j + 1]
+        if before == 0 and after == 0:
+            continue
+        if not x.tainted(d):
+            dims[d] = ((out.shape[d], None),)
+            continue
+        if len(x.dims[d]) != 1 or before < 0 or after < 0:
+            raise Unsupported("constant_pad_nd of a padded dim (cropping or merged)")
+        # the op put the trailing pad after the padding; write it right after the valid values
+        v = x.dims[d][0][1]
+        pos = ctx.iota(out.shape[d])
+        tail = (pos >= v.rt + before) & (pos < v.rt + before + after)
+        shape = [1] * out.dim()
+        shape[d] = out.shape[d]
+        out = torch.where(tail.view(shape), torch.tensor(value, dtype=out.dtype, device=out.device), out)
+        dims[d] = fresh[d]
+    return PT(out, dims)
+
+
+@_handles(aten.cat.default)
+def _cat(node, args, kwargs, ctx):
+    xs = [x for x in args[0]]
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0))
+    nd = max(x.t.dim() for x in xs)
+    dim = dim % nd
+    xs = [x for x in xs if not (x.t.dim() == 1 and x.t.numel() == 0)]
+    if len(xs) == 1:
+        return xs[0]
+    if any(x.tainted(dim) for x in xs):
+        return _cat_padded(ctx, node, xs, dim)
+    out = torch.cat([x.t for x in xs], dim)
+    dims = _broadcast_dims(node, [PT(x.t, [f if d != dim else ((out.shape[dim], None),) for d, f in enumerate(x.dims)])
+                                  for x in xs], out, ctx)
+    return PT(out, dims)
+
+
+def _cat_padded(ctx, node, xs, dim):
+    """cat along a padded dim: the operands' valid values one after the other, the padding after them all."""
+    if any(len(x.dims[dim]) != 1 for x in xs):
+        raise Unsupported("cat along a merged padded dim")
+    other = [d for d in range(xs[0].t.dim()) if d != dim]
+    for x in xs[1:]:
+        for d in other:
+            if x.tainted(d) != xs[0].tainted(d) or (x.tainted(d) and not _same_factors(x.dims[d], xs[0].dims[d])):
+                raise Unsupported("cat of operands padded differently")
+    joined = torch.cat([x.t for x in xs], dim)
+    pos = ctx.iota(joined.shape[dim])
+    src = torch.zeros_like(pos)
+    start, offset = 0, 0  # an operand's first valid position in the result; its first position in `joined`
+    for x in xs:
+        p, v = x.dims[dim][0]
+        n = v.rt if v is not None else p
+        inside = (pos >= start) & (pos < start + n)
+        src = torch.where(inside, pos - start + offset, src)
+        start, offset = start + n, offset + p
+    out = joined.index_select(dim, src)
+    dims = list(xs[0].dims)
+    dims[dim] = _fresh_dims(ctx, _val(node), out)[dim]
+    return PT(out, dims)
+
+
+@_handles(aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int, aten.chunk.default)
+def _split(node, args, kwargs, ctx):
+    x = args[0]
+    if node.target is aten.unbind.int:
+        dim = (args[1] if len(args) > 1 else 0) % max(x.t.dim(), 1)
+    else:
+        dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % max(x.t.dim(), 1)
+    if x.tainted(dim):
+        raise Unsupported(f"{node.target} along a padded dim")
+    outs = node.target(*_padded(args))
+    res = []
+    for o in outs:
+        dims = list(x.dims)
+        if node.target is aten.unbind.int:
+            del dims[dim]
+        else:
+            dims[dim] = ((o.shape[dim], None),)
+        res.append(PT(o, dims))
+    return res
+
+
+# -- per-sample ops (a padded batch dim only) ----------------------------------------------------------------------
+def _batch_only(node, tensors):
+    for x in tensors:
+        if any(x.tainted(d) for d in range(1, x.t.dim())):
+            raise Unsupported(f"{node.target} with a padded dim other than the batch dim")
+
+
+def _per_sample(node, args, kwargs, ctx):
+    """An op that computes each sample (dim 0) on its own (pooling, upsampling, their input gradients): the padded
+    samples stay in the padding."""
+    x = args[0]
+    _batch_only(node, [a for a in _flat(args, kwargs) if isinstance(a, PT)])
+    out = node.target(*_padded(args), **_padded(kwargs))
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    res = [PT(o, [x.dims[0]] + [((s, None),) for s in o.shape[1:]]) if o.dim() and o.shape[0] == x.t.shape[0]
+           else _plain(o) for o in outs]
+    return tuple(res) if isinstance(out, (tuple, list)) else res[0]
+
+
+for _name in ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices",
+              "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d",
+              "avg_pool3d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
+              "_adaptive_avg_pool3d_backward", "upsample_nearest2d", "upsample_bilinear2d", "_low_memory_max_pool2d_with_offsets",
+              "_low_memory_max_pool2d_offsets_to_indices", "max_unpool2d", "reflection_pad2d", "replication_pad2d",
+              "grid_sampler_2d", "im2col", "col2im", "pixel_shuffle", "pixel_unshuffle"):
+    _pk = getattr(aten, _name, None)
+    if _pk is not None:
+        _HANDLERS[_pk] = _per_sample
+
+
+@_handles(aten.convolution.default)
+def _convolution(node, args, kwargs, ctx):
+    x, w = args[0], args[1]
+    _batch_only(node, [x])
+    if w.any_tainted or (isinstance(args[2], PT) and args[2].any_tainted):
+        raise Unsupported("convolution with a padded weight")
+    out = node.target(*_padded(args))
+    return PT(out, [x.dims[0]] + [((s, None),) for s in out.shape[1:]])
+
+
+@_handles(aten.convolution_backward.default)
+def _convolution_backward(node, args, kwargs, ctx):
+    go, x, w = args[0], args[1], args[2]
+    _batch_only(node, [go, x])
+    # the weight and bias gradients sum over the samples: the padded ones contribute exactly 0
+    rest = _padded(args[3:])
+    gi, gw, gb = node.target(_fill(ctx, go, 0, [0]), _fill(ctx, x, 0, [0]), w.t, *rest)
+    return (PT(gi, x.dims) if gi is not None else None, _plain(gw) if gw is not None else None,
+            _plain(gb) if gb is not None else None)
+
+
+@_handles(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(node, args, kwargs, ctx):
+    """Batch statistics over the valid samples only (the true count), as the op computes them."""
+    x = args[0]
+    _batch_only(node, [x])
+    if node.target is aten._native_batch_norm_legit_no_training.default or not args[5] or not x.tainted(0):
+        out = node.target(*_padded(args))
+        return (PT(out[0], x.dims),) + tuple(_plain(o) for o in out[1:])
+    w, b, rm, rv, _, momentum, eps = (_padded(a) for a in args[1:8])
+    dims = [0] + list(range(2, x.t.dim()))
+    shape = [1, -1] + [1] * (x.t.dim() - 2)
+    acc = torch.float32 if x.t.dtype in (torch.float16, torch.bfloat16) else x.t.dtype
+    n = _count(ctx, x, dims)
+    xs = _fill(ctx, x, 0, [0]).to(acc)
+    mean = xs.sum(dims) / n
+    dev = _fill(ctx, PT(xs - mean.view(shape), x.dims), 0, [0])
+    var = (dev * dev).sum(dims) / n
+    rstd = torch.rsqrt(var + eps)
+    out = (xs - mean.view(shape)) * rstd.view(shape)
+    if w is not None:
+        out = out * w.view(shape)
+    if b is not None:
+        out = out + b.view(shape)
+    new_rm = rm * (1 - momentum) + mean.to(rm.dtype) * momentum
+    new_rv = rv * (1 - momentum) + (var * n / (n - 1)).to(rv.dtype) * momentum
+    return PT(out.to(x.t.dtype), x.dims), _plain(mean), _plain(rstd), _plain(new_rm), _plain(new_rv)
+
+
+# -- attention ---------------------------------------------------------------------------------------------------------
+def _attention_args(ctx, node, q, k, causal, kwargs):
+    """The keyword arguments of an attention op on padded inputs, and the factor q is scaled by first: a scale that
+    depends on a symbolic size (the default 1/sqrt(E) of a padded head dim, or a runtime value) is applied to q,
+    and the op told 1."""
+    kw = {a: (b.t if isinstance(b, PT) else b) for a, b in kwargs.items()}
+    key_mask = _key_mask(ctx, node, q, k, causal, kwargs.get("attn_mask"))
+    if key_mask is not None:
+        kw["attn_mask"] = key_mask
+    scale = kwargs.get("scale")
+    factor = None
+    if isinstance(scale, (Rt, Sz)):
+        factor = _rt_of(scale)
+    elif scale is None and q.tainted(q.t.dim() - 1):
+        e = q.dims[-1][0][1]
+        factor = 1.0 / torch.sqrt(e.rt.to(q.t.dtype))
+    if factor is not None:
+        kw["scale"] = 1.0
+    return kw, factor
+
+
+@_handles(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa_cpu(node, args, kwargs, ctx):
+    q, k, v = args[:3]
+    dropout = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
+    causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
+    kw, factor = _attention_args(ctx, node, q, k, causal, kwargs)
+    qt = _fill(ctx, q, 0)
+    out, lse = node.target(qt if factor is None else qt * factor, _fill(ctx, k, 0), _fill(ctx, v, 0), dropout,
+                           causal, **kw)
+    return PT(out, list(q.dims[:-1]) + [v.dims[-1]]), PT(lse, list(q.dims[:-1]))
+
+
+def _key_mask(ctx, node, q, k, causal, mask):
+    """The mask that keeps valid queries off the padding's keys: none when causal attention already does (the
+    padding follows every valid key), else the given mask with the padded keys masked out."""
+    kd = k.t.dim() - 2
+    if not k.tainted(kd):
+        return mask.t if isinstance(mask, PT) else mask
+    if causal:
+        if not _same_factors(q.dims[kd], k.dims[kd]):
+            raise Unsupported("causal attention with queries and keys padded differently")
+        return mask.t if isinstance(mask, PT) else mask
+    km = _dim_mask(ctx, k.dims[kd]).view([1] * (q.t.dim() - 1) + [-1])
+    # an additive mask of q's dtype (these kernels take no boolean mask: True would add 1)
+    add = torch.zeros((), dtype=q.t.dtype, device=q.t.device).masked_fill(~km, -math.inf)
+    if mask is None:
+        return add
+    if mask.t.dtype == torch.bool:
+        return torch.zeros((), dtype=q.t.dtype, device=q.t.device).masked_fill(~(mask.t & km), -math.inf)
+    return mask.t + add
+
+
+@_handles(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _sdpa_cpu_backward(node, args, kwargs, ctx):
+    go, q, k, v, out, lse = args[:6]
+    dropout, causal = args[6], args[7]
+    kw, factor = _attention_args(ctx, node, q, k, causal, kwargs)
+    qt = _fill(ctx, q, 0)
+    # the padding's queries get zero gradients (their attention weights then add nothing to the keys' and values')
+    gq, gk, gv = node.target(_fill(ctx, go, 0), qt if factor is None else qt * factor, _fill(ctx, k, 0),
+                             _fill(ctx, v, 0), _fill(ctx, out, 0), _fill(ctx, lse, 0), dropout, causal, **kw)
+    if factor is not None:
+        gq = gq * factor
+    return PT(gq, q.dims), PT(gk, k.dims), PT(gv, v.dims)
+
+
+__all__ = ["set_shape_buckets", "get_shape_buckets", "bucket", "Unsupported", "run", "pad_input", "compact_output"]
+
+
+# -- a graph's bucketed calls -----------------------------------------------------------------------------------------
+def _expr(s):
+    return s.node.expr if isinstance(s, torch.SymInt) else int(s)
+
+
+class Plan:
+    """What a graph's bucketed calls need, found once from its placeholders' and outputs' symbolic sizes."""
+
+    def __init__(self, gm):
+        import sympy
+
+        self.gm = gm
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.sources = {}  # Symbol -> (placeholder index, dim or None)
+        symbols = set()
+        self.in_shapes = []  # per placeholder: sympy shape (tensors), expr (sym ints) or None
+        for i, n in enumerate(self.placeholders):
+            val = _val(n)
+            if isinstance(val, torch.SymInt):
+                e = val.node.expr
+                self.in_shapes.append(("int", e))
+                symbols |= e.free_symbols
+                if isinstance(e, sympy.Symbol):
+                    self.sources.setdefault(e, (i, None))
+            elif isinstance(val, torch.Tensor):
+                shape = tuple(_expr(s) for s in val.shape)
+                self.in_shapes.append(("tensor", shape))
+                for d, e in enumerate(shape):
+                    if isinstance(e, sympy.Expr) and not e.is_number:
+                        symbols |= e.free_symbols
+                        if isinstance(e, sympy.Symbol):
+                            self.sources.setdefault(e, (i, d))
+            else:
+                self.in_shapes.append(None)
+        self.symbols = sorted(symbols, key=str)
+        missing = [s for s in self.symbols if s not in self.sources]
+        if missing:
+            raise Unsupported(f"the graph's sizes {missing} are not given by any input")
+        out = [n for n in gm.graph.nodes if n.op == "output"][0]
+        self.out_shapes = []
+        for a in torch.fx.node.map_aggregate(out.args[0], lambda x: x):
+            v = _val(a) if isinstance(a, torch.fx.Node) else None
+            self.out_shapes.append(tuple(_expr(s) for s in v.shape) if isinstance(v, torch.Tensor) else None)
+        self.index = {s: i for i, s in enumerate(self.symbols)}
+        self._fns = {}
+
+    def symbolic(self) -> bool:
+        return bool(self.symbols)
+
+    def values(self, args):
+        """The symbols' true values in this call."""
+        out = []
+        for s in self.symbols:
+            i, d = self.sources[s]
+            a = args[i]
+            out.append(int(a) if d is None else int(a.shape[d]))
+        return out
+
+    def key(self, values):
+        """A program serves the calls with the same buckets and the same equal sizes."""
+        return tuple(bucket(v) for v in values), tuple(values.index(v) for v in values)
+
+    def _fn(self, e):
+        """e as a Python function of the symbols' values (compiled once; it runs on every call)."""
+        if e not in self._fns:
+            names = ", ".join(f"a{i}" for i in range(len(self.symbols)))
+            self._fns[e] = eval(f"lambda {names}: {_py(e, self.index)}")  # noqa: S307 (our own expression text)
+        return self._fns[e]
+
+    def sizes(self, shape, values):
+        return [int(self._fn(e)(*values)) if not isinstance(e, int) else e for e in shape]
+
+    def capacity(self, shape, values):
+        """Elements of a compact tensor of that symbolic shape in this call's buckets."""
+        b = self.key(values)[0]
+        return math.prod(int(self._fn(e)(*b)) if not isinstance(e, int) else e for e in shape)
+
+    def tensor_inputs(self):
+        return [i for i, s in enumerate(self.in_shapes) if s is not None and s[0] == "tensor"]
+
+    def padded_input(self, i):
+        return any(not isinstance(e, int) and not e.is_number for e in self.in_shapes[i][1])
+
+
+def _py(e, index) -> str:
+    """Python source of a size expression over the arguments a0, a1... (index: Symbol -> position)."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    if isinstance(e, int) or (isinstance(e, sympy.Basic) and e.is_Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Symbol):
+        return f"a{index[e]}"
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(_py(a, index) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(_py(a, index) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return f"({_py(e.base, index)} ** {int(e.exp)})"
+    if isinstance(e, FloorDiv):
+        return f"({_py(e.args[0], index)} // {_py(e.args[1], index)})"
+    if isinstance(e, (Mod, PythonMod)):
+        return f"({_py(e.args[0], index)} % {_py(e.args[1], index)})"
+    raise Unsupported(f"the size expression {e} ({type(e).__name__})")
+
+
+class SizeOut:
+    """A symbolic size the graph returns (a forward's sizes saved for its backward)."""
+
+    __slots__ = ("expr",)
+
+    def __init__(self, expr):
+        self.expr = expr
+
+
+def _symbolic_shape(shape):
+    return shape is not None and any(not isinstance(e, int) and not e.is_number for e in shape)
+
+
+def execute(plan: Plan, args, flats, sizes_tensor):
+    """Runs plan's graph bucketed. args: the call's arguments; flats: per argument, the flat storage buffer (bucket
+    capacity) for a padded tensor input, else None; sizes_tensor: the symbols' true values (int64, on the device).
+    Returns the outputs: a padded output as its compact flat buffer, the others as they are."""
+    values = plan.values(args)
+    ctx = _Ctx(plan.index, dict(zip(plan.symbols, values)), sizes_tensor)
+    inputs = []
+    for i, a in enumerate(args):
+        spec = plan.in_shapes[i]
+        if spec is not None and spec[0] == "int":
+            inputs.append(ctx.size(spec[1]))
+        elif isinstance(a, torch.Tensor):
+            if flats[i] is not None:
+                inputs.append(pad_input(ctx, flats[i], [ctx.size(e) for e in spec[1]]))
+            else:
+                inputs.append(_plain(a))
+        else:
+            inputs.append(a)
+    outs = run(plan.gm, inputs, ctx)
+    res = []
+    for o, shape in zip(torch.fx.node.map_aggregate(outs, lambda x: x), plan.out_shapes):
+        if isinstance(o, PT):
+            if _symbolic_shape(shape):
+                res.append(compact_output(ctx, o, [ctx.size(e) for e in shape]))
+            else:
+                res.append(o.t)
+        elif isinstance(o, Sz):
+            res.append(SizeOut(o.expr))  # the call's true value, computed on the host (exact_outputs)
+        else:
+            res.append(o)
+    return res
+
+
+def exact_outputs(plan: Plan, values, outs):
+    """The user's tensors: each compact flat output as a contiguous view of its exact sizes."""
+    res = []
+    for o, shape in zip(outs, plan.out_shapes):
+        if isinstance(o, SizeOut):
+            res.append(int(plan._fn(o.expr)(*values)))
+        elif isinstance(o, torch.Tensor) and _symbolic_shape(shape):
+            sizes = plan.sizes(shape, values)
+            strides, acc = [], 1
+            for s in reversed(sizes):
+                strides.append(acc)
+                acc *= max(s, 1)
+            res.append(o.as_strided(sizes, list(reversed(strides)), 0))
+        else:
+            res.append(o)
+    return res
