@@ -102,15 +102,22 @@ def test_reductions_softmax_matmul_read_no_padding():
 
     _check(fn, [(torch.randn(n, 8, requires_grad=True),) for n in (5, 7, 3)])
 
+    def factories(x):  # sizes as shapes (full, zeros, arange) and as a value (a count)
+        n = torch.scalar_tensor(x.shape[0], dtype=torch.float32)
+        return x.sum(0) / n + torch.full((x.shape[0],), 2.0).sum() + torch.arange(x.shape[0]).sum()
+
+    _check(factories, [(torch.randn(n, 4),) for n in (5, 7)])
+
 
 @pytest.mark.one_pass("strict")  # no device: the same in both passes
 def test_cat_pad_and_slices_along_the_dynamic_dim():
     def fn(x, y):
         c = torch.cat([x, y, x], dim=1)  # three padded runs, one after the other
         p = F.pad(x, (2, 3), value=7.0)  # written right after the valid values
-        return c.cumsum(1)[:, 1:].sum(1) + p.sum(1) + p[:, 1:].amax(1)
+        return c.cumsum(1)[:, 1:].sum(1) + p.sum(1) + p[:, 1:].amax(1) + (y[:, 2:] * y[:, 2:]).sum(1)
 
-    _check(fn, [(torch.randn(3, n), torch.randn(3, n + 2)) for n in (5, 9, 6)])
+    # backward: slice_scatter of the slices' gradients, cat's split
+    _check(fn, [(torch.randn(3, n, requires_grad=True), torch.randn(3, n + 2, requires_grad=True)) for n in (5, 9, 6)])
 
 
 @pytest.mark.one_pass("strict")  # no device: the same in both passes
@@ -137,13 +144,18 @@ def test_cnn_with_batchnorm_over_a_varying_batch():
 
 
 @pytest.mark.one_pass("strict")  # no device: the same in both passes
-def test_hugging_face_gpt2_graphs_run_bucketed_on_nan_padding():
-    pytest.importorskip("transformers")
-    import zoo
+def test_gpt_graphs_run_bucketed_on_nan_padding():
+    # (Hugging Face GPT-2's four graphs pass this check too — bench/dynamic.py runs them compiled; not here, for CI
+    # time: tracing transformers' code takes ~40 s)
+    import train_gpt
 
-    gpt2, _, loss = zoo.gpt2()
-    rep = _check(lambda b: loss(gpt2, b), [(b,) for b in zoo._varlen_batches(2)])
-    assert len(rep) == 8  # the model's and the loss's graphs, forward and backward, two lengths
+    torch.manual_seed(0)
+    model = train_gpt.GPT(ctx=64)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    rep = _check(model, [(torch.randint(0, 64, (2, t)), torch.randint(0, 64, (2, t))) for t in (17, 45)])
+    assert [r[0] for r in rep] == ["forward", "backward"] * 2
 
 
 # -- on tpu ------------------------------------------------------------------------------------------------------------
@@ -177,7 +189,7 @@ def test_compiled_gpt_over_lengths_17_to_64_captures_once_per_bucket():
     import train_gpt
 
     torch.manual_seed(0)
-    model = train_gpt.GPT(ctx=64)
+    model = train_gpt.GPT(d=32, layers=1, ctx=64)
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0
@@ -218,11 +230,11 @@ def test_mark_dynamic_batch_and_an_op_without_a_rule_is_captured_per_size():
         torch.testing.assert_close(cm(x).cpu(), m(x).cpu(), rtol=1e-5, atol=1e-5)
     assert _counters().get("compile.bucketed_captures") == 1  # sizes 5, 6, 7: bucket 8
     torch._dynamo.reset()
-    fn = torch.compile(lambda x: x.flip(0).cumsum(0), backend="tpu", dynamic=True)  # flip: no bucketed rule
+    fn = torch.compile(lambda x: x.roll(1, 0).cumsum(0), backend="tpu", dynamic=True)  # roll: no bucketed rule
     before = _counters().get("compile.captures", 0)
     for n in (5, 6):
         x = torch.randn(n, 4)
-        torch.testing.assert_close(fn(x.to("tpu")).cpu(), x.flip(0).cumsum(0), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), x.roll(1, 0).cumsum(0), rtol=1e-5, atol=1e-5)
     assert _counters().get("compile.bucket_declined") == 1
     assert _counters().get("compile.captures", 0) - before == 2  # one per exact size, as without buckets
 

@@ -6,6 +6,7 @@ host reads are the ones the code asks for, and a size seen before compiles nothi
 import copy
 import itertools
 
+import pytest
 import torch
 
 import torchtpu
@@ -35,6 +36,7 @@ def test_topk_router_layer_forward_and_backward_match_cpu():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.one_pass("strict")  # slow; the fused pass runs the varying-length loop
 def test_topk_router_model_trains_like_cpu_reading_only_the_counts():
     steps = 2
     r = zoo.side_by_side("topk_moe", steps=steps)
@@ -44,6 +46,7 @@ def test_topk_router_model_trains_like_cpu_reading_only_the_counts():
     assert _host_syncs_by_cause(r["counters"]) == {"nonzero": steps * 2 * 4, "item": steps}
 
 
+@pytest.mark.one_pass("fused")  # slow; the strict pass runs the top-k router model
 def test_training_over_lengths_from_17_to_64_matches_cpu_and_a_length_seen_before_compiles_nothing():
     steps = 2
     r = zoo.side_by_side("gpt2_varlen", steps=steps)

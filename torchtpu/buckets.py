@@ -631,8 +631,15 @@ def _factory(node, args, kwargs, ctx):
         start = args[0] if len(args) > 1 else 0
         if isinstance(start, Sz) or (len(args) > 2 and isinstance(args[2], Sz)):
             raise Unsupported(f"{node.target} with a symbolic start or step")
-    if node.target in (aten.full.default,) and isinstance(args[1], Sz):
-        raise Unsupported("full with a symbolic fill value")
+    elif node.target is aten.scalar_tensor.default and isinstance(args[0], (Sz, Rt)):
+        # a size as a value (a count to divide by): its runtime value
+        out = _rt_of(args[0]).to(kwargs.get("dtype") or torch.get_default_dtype())
+        return PT(out, [])
+    else:
+        sizes = {a.name for a in node.target._schema.arguments if "int" in str(a.type)}  # SymInt, SymInt[]
+        named = list(zip((a.name for a in node.target._schema.arguments), args)) + list(kwargs.items())
+        if any(_has_sz(v) and n not in sizes for n, v in named):
+            raise Unsupported(f"{node.target} with a symbolic size as a value")
     out = node.target(*_padded(args), **_padded(kwargs))
     return PT(out, _fresh_dims(ctx, val, out))
 
@@ -845,6 +852,23 @@ def _scan(node, args, kwargs, ctx):
     return tuple(PT(o, x.dims) for o in out) if isinstance(out, tuple) else PT(out, x.dims)
 
 
+@_handles(aten.flip.default)
+def _flip(node, args, kwargs, ctx):
+    """flip along a padded dim: the valid values reversed in place (position i reads L-1-i), the padding after."""
+    x, dims = args[0], [d % max(args[0].t.dim(), 1) for d in args[1]]
+    out = x.t
+    for d in dims:
+        if not x.tainted(d):
+            out = out.flip(d)
+            continue
+        if len(x.dims[d]) != 1:
+            raise Unsupported("flip along a merged padded dim")
+        pos = ctx.iota(out.shape[d])
+        n = x.dims[d][0][1].rt
+        out = out.index_select(d, torch.where(pos < n, n - 1 - pos, pos))
+    return PT(out, x.dims)
+
+
 # -- matmuls ------------------------------------------------------------------------------------------------------------
 def _contract(ctx, node, a, b, ka, kb):
     """a and b with the padding of their contracted dims (a's ka, b's kb) zeroed."""
@@ -1023,8 +1047,16 @@ def _slice(node, args, kwargs, ctx):
     dim = (args[1] if len(args) > 1 else 0) % max(x.t.dim(), 1)
     start = args[2] if len(args) > 2 else None
     step = args[4] if len(args) > 4 else 1
-    out = node.target(*_padded(args))
     dims = list(x.dims)
+    if x.tainted(dim) and isinstance(start, Sz) and step == 1 and len(x.dims[dim]) == 1:
+        # a runtime start (cat's backward splitting its gradient): position i reads start + i
+        n = ctx.size(_expr(_val(node).shape[dim]))
+        n = n.padded if isinstance(n, Sz) else n
+        src = (start.rt + ctx.iota(n)).clamp(max=x.t.shape[dim] - 1)
+        out = x.t.index_select(dim, src)
+        dims[dim] = _fresh_dims(ctx, _val(node), out)[dim]
+        return PT(out, dims)
+    out = node.target(*_padded(args))
     if x.tainted(dim):
         if len(x.dims[dim]) != 1 or step != 1 or (start is not None and (isinstance(start, Sz) or start < 0)):
             raise Unsupported("slice of a padded dim other than [k:end] with k >= 0")
@@ -1073,8 +1105,11 @@ def _constant_pad(node, args, kwargs, ctx):
         if not x.tainted(d):
             dims[d] = ((out.shape[d], None),)
             continue
-        if len(x.dims[d]) != 1 or before < 0 or after < 0:
-            raise Unsupported("constant_pad_nd of a padded dim (cropping or merged)")
+        if len(x.dims[d]) != 1:
+            raise Unsupported("constant_pad_nd of a merged padded dim")
+        dims[d] = fresh[d]
+        if after <= 0:  # cropping the end only shortens the padding (the valid values cropped fall into it)
+            continue
         # the op put the trailing pad after the padding; write it right after the valid values
         v = x.dims[d][0][1]
         pos = ctx.iota(out.shape[d])
