@@ -79,6 +79,46 @@ def test_mlp_trains_like_eager_and_cpu_and_replays_one_program_per_graph(mode):
     assert not c.get("compile.eager_graphs"), c
 
 
+@pytest.mark.pins_mode
+def test_fused_mode_launches_programs_as_recorded_while_the_host_reads_every_step(monkeypatch):
+    """The program rule (csrc/graph/graph.h): a loss read every step launches the forward and backward programs
+    as they are recorded; a loop that stops reading fuses them with the ops around it again. Values stay CPU's."""
+    from torchtpu import executor
+
+    monkeypatch.setenv("TORCHTPU_FUSED_PROGRAM_CUT_OPS", "1")  # the MLP's programs are smaller than the default
+    executor.fused_limits_from_env()
+    try:
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+        data = _mlp_data()
+        runs = {}
+        for device in ("cpu", "tpu"):
+            torch.manual_seed(0)
+            m = copy.deepcopy(model).to(device)
+            fwd = torch.compile(m, backend="tpu") if device == "tpu" else m
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+            losses, cuts = [], []
+            with torchtpu.mode("fused"):
+                for i in range(40):
+                    x, y = (t.to(device) for t in data[i % len(data)])
+                    before = _counters().get("cuts.program", 0)
+                    loss = F.cross_entropy(fwd(x), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    cuts.append(_counters().get("cuts.program", 0) - before)
+                    losses.append(loss.item() if i < 6 else loss)  # steps 6..39 read nothing
+                losses[6:] = [t.item() for t in losses[6:]]
+            runs[device] = losses, cuts, [p.detach().cpu() for p in m.parameters()]
+        (cpu_l, _, cpu_p), (tpu_l, cuts, tpu_p) = runs["cpu"], runs["tpu"]
+        assert _close(cpu_l, tpu_l), (cpu_l, tpu_l)
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(cpu_p, tpu_p))
+        assert cuts[2:6] == [2, 2, 2, 2], cuts  # forward and backward programs, launched as recorded
+        assert sum(cuts[6:]) <= 16 and cuts[-10:] == [0] * 10, cuts  # no reads: programs fuse with the rest
+    finally:
+        monkeypatch.delenv("TORCHTPU_FUSED_PROGRAM_CUT_OPS")
+        executor.fused_limits_from_env()
+
+
 def test_warm_compiled_step_runs_no_lowering_and_compiles_nothing():
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to("tpu")
     fwd = torch.compile(model, backend="tpu")

@@ -154,7 +154,7 @@ def test_a_loop_of_few_wide_nodes_is_cut_by_weight_not_after_256_of_them():
 
 
 def test_size_cap_cuts_a_long_graph():
-    _C._set_fused_limits(50, 0, 0, 1 << 40)
+    _C._set_fused_limits(50, 0, 0, 1 << 40, 0)
     try:
         x = torch.ones(8, device="tpu")
         torchtpu.sync()

@@ -28,7 +28,7 @@ from .trace import Trace
 MODES = ("strict", "debug", "fused")  # the order of csrc/executor/executor.h Mode
 # cut causes (csrc/graph/graph.h CutCause)
 (CUT_OP, CUT_HOST_READ, CUT_SYNC, CUT_SIZE_CAP, CUT_REPEAT, CUT_MODE_SWITCH, CUT_FALLBACK, CUT_DATA_DEPENDENT,
- CUT_COLLECTIVE) = range(9)
+ CUT_COLLECTIVE, CUT_PROGRAM) = range(10)
 
 _mode = os.environ.get("TORCHTPU_MODE", "strict")
 if _mode not in MODES:
@@ -43,7 +43,8 @@ def fused_limits_from_env() -> None:
     _C._set_fused_limits(int(os.environ.get("TORCHTPU_FUSED_MAX_OPS", "4096")),
                          int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_OPS", "256")),
                          int(os.environ.get("TORCHTPU_FUSED_READ_SPLIT_MIN_OPS", "64")),
-                         int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_WEIGHT", "1024")))
+                         int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_WEIGHT", "1024")),
+                         int(os.environ.get("TORCHTPU_FUSED_PROGRAM_CUT_OPS", "64")))
 
 
 fused_limits_from_env()

@@ -4,7 +4,8 @@ Names (stable, documented in docs/architecture.md):
   op.<aten op>                ops dispatched to the tpu kernels, by overload
   executions                  programs launched (chunks: one op each in strict/debug, many in fused)
   chunks, chunk_ops, chunk_ops_max   chunks run, ops in them (mean = chunk_ops / chunks), the largest
-  cuts.<cause>                why chunks were cut (op, host_read, sync, size_cap, repeat, mode_switch, fallback, data_dependent, collective)
+  cuts.<cause>                why chunks were cut (op, host_read, sync, size_cap, repeat, mode_switch, fallback,
+                              data_dependent, collective, program)
   compiles, compile_seconds   XLA compilations and their wall time
   cache_hits.memory, cache_misses    launches served by a compiled program / compiled anew
   op_table.hits / .misses / .entries  C++ op-table lookups (a miss runs the Python rules once per signature)

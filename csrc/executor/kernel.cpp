@@ -741,6 +741,7 @@ _object* storage_buffer(const at::Tensor& t, int cause) {
   }
   // A host read is a cut point: what it needs launches first, the rest right after (or alone, when the value is
   // there already), so the steps of a loop are cut alike whatever the repeated-structure rule did before.
+  if (cause != static_cast<int>(CutCause::kCollective)) note_host_read(h->device);
   if (target) {
     cut_for_read(h->device, target.get(), static_cast<CutCause>(cause));
   } else if (get_mode() == Mode::kFused) {

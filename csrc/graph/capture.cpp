@@ -421,7 +421,7 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
   const Program& p = *pp;
   if (inputs.size() != p.inputs.size()) return std::nullopt;
   std::vector<at::Tensor> outs;
-  bool want_cut;
+  bool want_cut, program_cut;
   const Mode mode = get_mode();
   {
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
@@ -470,11 +470,14 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
     }
     for (const auto& m : p.mutated) handle_of(inputs[m.first].storage())->set_pending(node, m.second);
     want_cut = record(node, mode == Mode::kFused);
+    program_cut = mode == Mode::kFused && !want_cut && program_cut_wanted(p.device, p.ops);
   }
   if (mode != Mode::kFused) {
     cut(p.device, CutCause::kOp, mode == Mode::kDebug);
   } else if (want_cut) {
     cut(p.device, CutCause::kRepeat);
+  } else if (program_cut) {
+    cut(p.device, CutCause::kProgram);
   }
   return outs;
 }

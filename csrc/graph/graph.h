@@ -20,6 +20,7 @@ enum class CutCause : int {
   kFallback,       // a CPU fallback or Python kernel reads values
   kDataDependent,  // an output size depends on values
   kCollective,     // a collective (torchtpu/distributed.py) reads its inputs' buffers
+  kProgram,        // fused: a compiled graph's program node of TORCHTPU_FUSED_PROGRAM_CUT_OPS ops or more launches now
   kCount
 };
 const char* cut_cause_name(CutCause c);
@@ -76,7 +77,16 @@ struct GraphCounters {
 GraphCounters& graph_counters();
 
 // Fused-mode policy knobs (TORCHTPU_FUSED_MAX_OPS, TORCHTPU_FUSED_REPEAT_MIN_OPS).
-void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops, int64_t read_split_min_ops, int64_t repeat_min_weight);
+void set_fused_limits(int64_t max_ops, int64_t repeat_min_ops, int64_t read_split_min_ops, int64_t repeat_min_weight,
+                      int64_t program_cut_ops);
+// Fused mode's program rule. A program node (a compiled graph) of at least program_cut_ops ops is launched as soon as
+// it is recorded, with what is pending before it, so XLA runs it while the host records what follows -- when the
+// host reads values often (at most kProgramsPerRead programs recorded between reads, e.g. loss.item() every step),
+// because then the device would otherwise idle while the host records up to the read. A loop that reads rarely keeps
+// its programs fused with the ops around them (the device is kept busy by the queue; bigger chunks fuse more).
+// program_cut_wanted counts the program; caller holds exec_mutex(). note_host_read: the host waits for a value.
+bool program_cut_wanted(c10::DeviceIndex device, int64_t ops);
+void note_host_read(c10::DeviceIndex device);
 void set_chunk_cache_capacity(int64_t n);  // TORCHTPU_CACHE_ENTRIES
 void clear_chunk_cache();  // every chunk key misses once more (the advisor reads each program's cost analysis)
 
