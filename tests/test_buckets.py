@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import torchtpu
 from torchtpu import buckets
+from bucket_check import checking_backend
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
@@ -28,49 +29,9 @@ def _fresh_dynamo():
 
 
 # -- the interpreter on the CPU ----------------------------------------------------------------------------------------
-def _garbage_flat(t, cap):
-    flat = torch.empty(cap, dtype=t.dtype)
-    flat.fill_(float("nan") if t.dtype.is_floating_point else (True if t.dtype == torch.bool else 12345))
-    flat[: t.numel()] = t.reshape(-1)
-    return flat
-
-
-def _checking_backend(report):
-    from functorch.compile import make_boxed_func
-    from torch._decomp import core_aten_decompositions
-    from torch._dynamo.backends.common import aot_autograd
-
-    def compiler(kind):
-        def compile_graph(gm, example_inputs):
-            plan = buckets.Plan(gm)
-
-            def call(args):
-                want = gm(*args)
-                values = plan.values(args)
-                flats = [_garbage_flat(a, plan.capacity(plan.in_shapes[i][1], values))
-                         if isinstance(a, torch.Tensor) and plan.padded_input(i) else None for i, a in enumerate(args)]
-                try:
-                    got = buckets.exact_outputs(plan, values, buckets.execute(plan, args, flats, torch.tensor(values)))
-                except buckets.Unsupported as e:
-                    report.append((kind, values, f"unsupported: {e}"))
-                    return want
-                bad = [j for j, (g, w) in enumerate(zip(got, want)) if isinstance(w, torch.Tensor) and
-                       (g.shape != w.shape or not torch.allclose(g.double(), w.double(), rtol=1e-4, atol=1e-5))]
-                report.append((kind, values, "ok" if not bad else f"outputs {bad} differ"))
-                return want
-
-            call._boxed_call = True
-            return call if plan.symbolic() else make_boxed_func(gm)
-
-        return compile_graph
-
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                        decompositions=core_aten_decompositions())
-
-
 def _check(fn, calls):
     report = []
-    f = torch.compile(fn, backend=_checking_backend(report), dynamic=True)
+    f = torch.compile(fn, backend=checking_backend(report), dynamic=True)
     for args in calls:
         out = f(*args)
         if isinstance(out, torch.Tensor) and out.requires_grad:
@@ -134,7 +95,7 @@ def test_cnn_with_batchnorm_over_a_varying_batch():
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3),
                       nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
     report = []
-    f = torch.compile(lambda x, y: F.cross_entropy(m(x), y), backend=_checking_backend(report))
+    f = torch.compile(lambda x, y: F.cross_entropy(m(x), y), backend=checking_backend(report))
     for n in (5, 6, 3):  # the batch statistics and the weight gradients over the valid samples only
         x, y = torch.randn(n, 3, 12, 12), torch.randint(0, 4, (n,))
         torch._dynamo.mark_dynamic(x, 0)

@@ -118,6 +118,8 @@ class _Ctx:
             expr = expr.subs(fixed)
         if not expr.free_symbols:
             return int(expr)
+        if not monotone(expr):
+            raise Unsupported(f"the size {expr} may shrink as its symbols grow: no bucket bounds it")
         padded = int(expr.subs({s: bucket(self.values[s]) for s in expr.free_symbols}))
         return Sz(expr, padded, self._eval(expr))
 
@@ -145,6 +147,19 @@ class _Ctx:
             return torch.div(self._eval(e.args[0]), self._eval(e.args[1]), rounding_mode="floor")
         if isinstance(e, (Mod, PythonMod)):
             return torch.remainder(self._eval(e.args[0]), self._eval(e.args[1]))
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            lo = isinstance(e, sympy.Min)
+            out = self._eval(e.args[0])
+            for a in e.args[1:]:
+                v = self._eval(a)
+                if isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor):
+                    out = torch.minimum(out, v) if lo else torch.maximum(out, v)
+                elif isinstance(out, torch.Tensor) or isinstance(v, torch.Tensor):
+                    t, n = (out, v) if isinstance(out, torch.Tensor) else (v, out)
+                    out = t.clamp(max=n) if lo else t.clamp(min=n)
+                else:
+                    out = min(out, v) if lo else max(out, v)
+            return out
         raise Unsupported(f"the size expression {e} ({type(e).__name__})")
 
     def iota(self, n):
@@ -605,6 +620,8 @@ def _pointwise(node, args, kwargs, ctx):
     args, kwargs = _harmonize(ctx, node, args, kwargs)
     out = _call_pointwise(node, args, kwargs, ctx)
     tensors = [x for x in _flat(args, kwargs) if isinstance(x, PT)]
+    if isinstance(out, (tuple, list)):  # frexp: every result has the broadcast shape
+        return tuple(PT(o, _broadcast_dims(node, tensors, o, ctx)) for o in out)
     return PT(out, _broadcast_dims(node, tensors, out, ctx))
 
 
@@ -686,10 +703,14 @@ def _regroup(node, factors, out_shape):
 def _view(node, args, kwargs, ctx):
     x = args[0]
     # a reshape, not a view: a handler's result may be laid out unlike the traced one (the graph is functional)
-    out = x.t.reshape(_padded(args[1]))
+    target = _padded(args[1])
     try:
+        if math.prod(target) != x.t.numel() and -1 not in target:
+            # a padded input to a static shape (`reshape(25, 5)` of [s0, s1, 5], Dynamo guarding s0 * s1 == 25)
+            raise Unsupported("the padded sizes do not give the result's")
+        out = x.t.reshape(target)
         return PT(out, _regroup(node, x.dims, out.shape))
-    except Unsupported:
+    except (Unsupported, RuntimeError):
         # the padding does not split along the result's dims (a merged B*T dim read as [B, T]): lay it out anew
         return _repack(ctx, x, [ctx.size(_expr(s)) for s in _val(node).shape])
 
@@ -797,7 +818,7 @@ def _reduction(node, args, kwargs, ctx):
     dims_arg = args[1] if len(args) > 1 else kwargs.get("dim")
     if node.target in (aten.sum.default, aten.any.default, aten.all.default, aten.mean.default):
         dims_arg = None
-    keepdim = (args[2] if len(args) > 2 else kwargs.get("keepdim", False)) if dims_arg is not None else False
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)  # also with every dim (dim=None)
     if single and dims_arg is None and name in ("argmax", "argmin") and x.any_tainted:
         raise Unsupported(f"{node.target} over every dim of a padded tensor (flat positions)")
     rdims = _reduce_dims(x, dims_arg)
@@ -955,6 +976,28 @@ def _layer_norm_backward(node, args, kwargs, ctx):
 
 
 # -- indexing ------------------------------------------------------------------------------------------------------------
+def _prefix(x, d) -> bool:
+    """Whether dim d of x keeps its valid values first: only its outermost factor is padded, so a valid (exact)
+    coordinate is its padded position. A merged dim padded inside (`[B, T]` flattened with T padded) is not: exact
+    position b * T + t sits at b * T_bucket + t."""
+    return all(f[1] is None for f in x.dims[d][1:])
+
+
+def _index_dims_ok(node, x, dims):
+    for d in dims:
+        if not _prefix(x, d):
+            raise Unsupported(f"{node.target}: indices into a dim padded inside (factors {x.dims[d]})")
+
+
+def _aligned(node, x, idx, dim):
+    """gather/scatter: idx's positions along the other dims are x's positions."""
+    _index_dims_ok(node, x, [dim])
+    for d in range(idx.t.dim()):
+        if d != dim and (x.tainted(d) or idx.tainted(d)) and not _same_factors(idx.dims[d], x.dims[d]) and \
+                not (_prefix(x, d) and _prefix(idx, d)):
+            raise Unsupported(f"{node.target}: index and self padded differently along dim {d}")
+
+
 @_handles(aten.embedding.default)
 def _embedding(node, args, kwargs, ctx):
     w, idx = args[0], args[1]
@@ -970,6 +1013,7 @@ def _gather(node, args, kwargs, ctx):
     x, dim, idx = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
     if idx.tainted(dim):
         raise Unsupported("gather with an index padded along the gathered dim")
+    _aligned(node, x, idx, dim)
     it = _fill(ctx, idx, 0)
     out = torch.gather(x.t, dim, it, **kwargs)
     dims = [idx.dims[d] if idx.tainted(d) or d == dim else x.dims[d] if x.t.shape[d] == out.shape[d]
@@ -985,6 +1029,7 @@ def _scatter(node, args, kwargs, ctx):
     for d in range(idx.t.dim()):
         if idx.tainted(d) and not _same_factors(idx.dims[d], x.dims[d]):
             raise Unsupported(f"{node.target}: index and self padded differently")
+    _aligned(node, x, idx, dim)
     rest = [a.t if isinstance(a, PT) else a for a in args[3:]]
     out = node.target(x.t, dim, _fill(ctx, idx, 0), *rest)
     return PT(out, x.dims)
@@ -996,6 +1041,7 @@ def _index_put(node, args, kwargs, ctx):
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     if x.any_tainted and any(i is not None and i.any_tainted for i in indices):
         raise Unsupported(f"{node.target} into a padded tensor at padded indices")
+    _index_dims_ok(node, x, [d for d, i in enumerate(indices) if i is not None])
     tainted = [i for i in indices if i is not None and i.any_tainted]
     if not tainted:
         out = node.target(x.t, [None if i is None else i.t for i in indices], values.t, accumulate)
@@ -1024,6 +1070,7 @@ def _index(node, args, kwargs, ctx):
     idx = [indices[i] for i in pos]
     if not idx or any(i.t.dtype == torch.bool for i in idx):
         raise Unsupported("boolean-mask index")
+    _index_dims_ok(node, x, pos)
     args2, _ = _harmonize(ctx, node, (idx,), {})
     idx = list(args2[0])
     filled = [_fill(ctx, i, 0) for i in idx]
@@ -1376,6 +1423,11 @@ class Plan:
         for a in torch.fx.node.map_aggregate(out.args[0], lambda x: x):
             v = _val(a) if isinstance(a, torch.fx.Node) else None
             self.out_shapes.append(tuple(_expr(s) for s in v.shape) if isinstance(v, torch.Tensor) else None)
+        for shape in [s[1] for s in self.in_shapes if s is not None and s[0] == "tensor"] + \
+                [s for s in self.out_shapes if s is not None]:
+            for e in shape:
+                if not monotone(e):
+                    raise Unsupported(f"the size {e} may shrink as its symbols grow: no bucket bounds it")
         self.index = {s: i for i, s in enumerate(self.symbols)}
         self._fns = {}
 
@@ -1417,6 +1469,32 @@ class Plan:
         return any(not isinstance(e, int) and not e.is_number for e in self.in_shapes[i][1])
 
 
+def monotone(e) -> bool:
+    """Whether a size expression never decreases as its symbols grow (sums, products with positive factors,
+    floor divisions by positive constants, min/max of such): then its value at the buckets' sizes bounds its value
+    at every size of the bucket, which a padded layout needs. `s - 4 * ceil(s / 5)` (chunk's last piece) is not:
+    1 at s = 5, 0 at its bucket's 8."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    if isinstance(e, int) or isinstance(e, sympy.Symbol) or (isinstance(e, sympy.Basic) and e.is_number):
+        return True
+    if isinstance(e, sympy.Add):
+        return all(a.is_number or monotone(a) for a in e.args)
+    if isinstance(e, sympy.Mul):
+        return all((a.is_number and a > 0) or (not a.is_number and monotone(a)) for a in e.args)
+    if isinstance(e, sympy.Pow):
+        return e.exp.is_Integer and int(e.exp) > 0 and monotone(e.base)
+    if isinstance(e, FloorDiv):
+        if e.args[1].is_number:
+            return e.args[1] > 0 and monotone(e.args[0])
+        q = sympy.cancel(e.args[0] / e.args[1])  # an exact quotient: (s**2) // s is s
+        return sympy.fraction(q)[1] == 1 and q.is_polynomial() and monotone(sympy.expand(q))
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return all(monotone(a) for a in e.args)
+    return False
+
+
 def _py(e, index) -> str:
     """Python source of a size expression over the arguments a0, a1... (index: Symbol -> position)."""
     import sympy
@@ -1436,6 +1514,8 @@ def _py(e, index) -> str:
         return f"({_py(e.args[0], index)} // {_py(e.args[1], index)})"
     if isinstance(e, (Mod, PythonMod)):
         return f"({_py(e.args[0], index)} % {_py(e.args[1], index)})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return ("min(" if isinstance(e, sympy.Min) else "max(") + ", ".join(_py(a, index) for a in e.args) + ")"
     raise Unsupported(f"the size expression {e} ({type(e).__name__})")
 
 

@@ -163,9 +163,13 @@ class TpuGraph:
             return None
         device = tensors[0].device
         flats = [None] * len(args)
-        for i in plan.tensor_inputs():
-            if plan.padded_input(i):
-                flats[i] = _flat_capacity(args[i], plan.capacity(plan.in_shapes[i][1], values))
+        try:
+            caps = {i: plan.capacity(plan.in_shapes[i][1], values) for i in plan.tensor_inputs() if plan.padded_input(i)}
+        except buckets.Unsupported as e:  # a size expression without a rule
+            self._declines(key, str(e))
+            return None
+        for i, cap in caps.items():
+            flats[i] = _flat_capacity(args[i], cap)
         sizes = torch.tensor(values, dtype=torch.int64).to(device)
         prog_tensors = [flats[i] if flats[i] is not None else a for i, a in enumerate(args)
                         if isinstance(a, torch.Tensor)] + [sizes]
@@ -189,6 +193,10 @@ class TpuGraph:
             except buckets.Unsupported as e:
                 _C._capture_end(dev, prog_tensors, [])
                 self._declines(key, str(e))
+                return None
+            except Exception as e:  # noqa: BLE001 — a defect of a padded rule: fail closed, the sizes run exactly
+                _C._capture_end(dev, prog_tensors, [])
+                self._declines(key, f"the bucketed interpreter failed ({type(e).__name__}: {e}); please report it")
                 return None
             except BaseException:
                 _C._capture_end(dev, prog_tensors, [])
