@@ -288,7 +288,7 @@ def _conform(ctx, x: PT, d, factors) -> PT:
     return _pad_dims(ctx, compact_output(ctx, x), dims)
 
 
-def compact_output(ctx, x: PT, sizes=None) -> torch.Tensor:
+def compact_output(ctx, x: PT) -> torch.Tensor:
     """x's valid values in row-major order of its exact sizes, first in a flat tensor of x's padded numel (a dim
     merged from several padded ones is unravelled by its factors)."""
     n = x.t.numel()
@@ -1555,7 +1555,7 @@ def execute(plan: Plan, args, flats, sizes_tensor):
     for o, shape in zip(torch.fx.node.map_aggregate(outs, lambda x: x), plan.out_shapes):
         if isinstance(o, PT):
             if _symbolic_shape(shape):
-                res.append(compact_output(ctx, o, [ctx.size(e) for e in shape]))
+                res.append(compact_output(ctx, o))
             else:
                 res.append(o.t)
         elif isinstance(o, Sz):

@@ -161,6 +161,9 @@ class TpuGraph:
         key = ("bucket",) + plan.key(values)
         if key in self.eager:
             return None
+        captured = [k for k, _, _ in self.programs if k[0] == "bucket"]
+        if key not in captured and len(captured) >= MAX_PROGRAMS:  # before any copy for its layout
+            return None
         device = tensors[0].device
         flats = [None] * len(args)
         try:
@@ -180,7 +183,7 @@ class TpuGraph:
                     metrics.inc("compile.program_runs")
                     metrics.inc("compile.bucketed_runs")
                     return buckets.exact_outputs(plan, values, _assemble(template, outs))
-        if len([k for k, _, _ in self.programs if k[0] == "bucket"]) >= MAX_PROGRAMS:
+        if len(captured) >= MAX_PROGRAMS:
             return None
         dev = device.index or 0
         with executor.mode("fused"):
