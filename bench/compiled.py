@@ -1,7 +1,7 @@
 """torch.compile(backend="tpu"), measured in one run against fused eager, Inductor on CPU, PyTorch CPU eager and the
 JAX ceiling; and the time to the first step with a cold and a warm disk cache.
 
-Run: .venv/bin/python bench/compiled.py [--steps 16] [--only small]
+Run: .venv/bin/python bench/compiled.py [--steps 32] [--only small]
 
 1. Training steps (AdamW, ``loss.item()`` every step, dropout off), time per step / PyTorch CPU eager: the model
    compiled with backend "tpu" (the optimizer step eager), in strict and in fused mode; tpu fused eager; the
@@ -124,7 +124,7 @@ def first_step():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--no-first-step", action="store_true")
     args = ap.parse_args()
