@@ -9,9 +9,6 @@ on the host, tensors on two devices) run ``python_kernel`` here: the same steps 
 """
 from __future__ import annotations
 
-import functools
-import sys
-
 import torch
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
 
@@ -19,6 +16,7 @@ from . import _C, metrics, optable
 from .errors import TpuOpError, op_error
 from .tables import DIRECT, FOREACH, INPLACE_RULES, META, PREPROCESS, RULES, SCALARS_SHAPE_OUTPUT
 from .trace import ArgSlot, OutputSlot, RuntimeScalar, Trace, label, plain, register_fragment
+from .untraced import untraced
 
 # entry kinds of csrc/executor/entry.h
 NEW, ARG, NONE = 0, 1, 2
@@ -430,26 +428,9 @@ def register_all():
     _lib = torch.library.Library("aten", "IMPL")
     for name, fn in DIRECT.items():
         if name not in KERNELS:  # the C++ kernel calls the ones that also have a rule (copy_)
-            _lib.impl(_cpp_name(name), _untraced(fn), "PrivateUse1")
+            _lib.impl(_cpp_name(name), untraced(fn), "PrivateUse1")
         _registered.add(name)
     fallback.register()
-
-
-def _untraced(fn):
-    """A Python kernel Dynamo never traces. The dispatcher calls it from inside a compiled function's graph-broken
-    code (torch.compile(backend="tpu") of `repeat_interleave(x, repeats_tensor)`), where Dynamo compiled its frames
-    as user code (torchtpu's directory in its skip list notwithstanding) and lowered its ops inside another trace."""
-    disabled = []
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        if "torch._dynamo" not in sys.modules:  # nothing compiles in this process
-            return fn(*args, **kwargs)
-        if not disabled:
-            disabled.append(torch._dynamo.disable(fn, recursive=True))
-        return disabled[0](*args, **kwargs)
-
-    return run
 
 
 def registered_ops() -> set[str]:
