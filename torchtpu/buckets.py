@@ -118,8 +118,7 @@ class _Ctx:
             expr = expr.subs(fixed)
         if not expr.free_symbols:
             return int(expr)
-        if not monotone(expr):
-            raise Unsupported(f"the size {expr} may shrink as its symbols grow: no bucket bounds it")
+        _check_bounded(expr)
         padded = int(expr.subs({s: bucket(self.values[s]) for s in expr.free_symbols}))
         return Sz(expr, padded, self._eval(expr))
 
@@ -703,12 +702,10 @@ def _regroup(node, factors, out_shape):
 def _view(node, args, kwargs, ctx):
     x = args[0]
     # a reshape, not a view: a handler's result may be laid out unlike the traced one (the graph is functional)
-    target = _padded(args[1])
     try:
-        if math.prod(target) != x.t.numel() and -1 not in target:
-            # a padded input to a static shape (`reshape(25, 5)` of [s0, s1, 5], Dynamo guarding s0 * s1 == 25)
-            raise Unsupported("the padded sizes do not give the result's")
-        out = x.t.reshape(target)
+        # raises when the padded sizes do not give the result's: a padded input to a static shape (`reshape(25, 5)`
+        # of [s0, s1, 5], Dynamo guarding s0 * s1 == 25)
+        out = x.t.reshape(_padded(args[1]))
         return PT(out, _regroup(node, x.dims, out.shape))
     except (Unsupported, RuntimeError):
         # the padding does not split along the result's dims (a merged B*T dim read as [B, T]): lay it out anew
@@ -1426,8 +1423,7 @@ class Plan:
         for shape in [s[1] for s in self.in_shapes if s is not None and s[0] == "tensor"] + \
                 [s for s in self.out_shapes if s is not None]:
             for e in shape:
-                if not monotone(e):
-                    raise Unsupported(f"the size {e} may shrink as its symbols grow: no bucket bounds it")
+                _check_bounded(e)
         self.index = {s: i for i, s in enumerate(self.symbols)}
         self._fns = {}
 
@@ -1493,6 +1489,11 @@ def monotone(e) -> bool:
     if isinstance(e, (sympy.Min, sympy.Max)):
         return all(monotone(a) for a in e.args)
     return False
+
+
+def _check_bounded(e):
+    if not monotone(e):
+        raise Unsupported(f"the size {e} may shrink as its symbols grow: no bucket bounds it")
 
 
 def _py(e, index) -> str:

@@ -167,7 +167,8 @@ class TpuGraph:
         device = tensors[0].device
         flats = [None] * len(args)
         try:
-            caps = {i: plan.capacity(plan.in_shapes[i][1], values) for i in plan.tensor_inputs() if plan.padded_input(i)}
+            caps = {i: plan.capacity(plan.in_shapes[i][1], values) for i in plan.tensor_inputs()
+                    if plan.padded_input(i)}
         except buckets.Unsupported as e:  # a size expression without a rule
             self._declines(key, str(e))
             return None

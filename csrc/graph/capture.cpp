@@ -470,7 +470,7 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
     }
     for (const auto& m : p.mutated) handle_of(inputs[m.first].storage())->set_pending(node, m.second);
     want_cut = record(node, mode == Mode::kFused);
-    program_cut = mode == Mode::kFused && !want_cut && program_cut_wanted(p.device, p.ops);
+    program_cut = mode == Mode::kFused && program_cut_wanted(p.device, p.ops);  // counts every program
   }
   if (mode != Mode::kFused) {
     cut(p.device, CutCause::kOp, mode == Mode::kDebug);
