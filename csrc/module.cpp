@@ -146,6 +146,12 @@ void register_executor(py::module& m) {
     std::vector<int64_t> sh(vt.shape.begin(), vt.shape.end());
     torchtpu::set_storage_buffer(tensor_of(t), array.release().ptr(), vt.dtype, sh);
   });
+  m.def("_storage_host_values", [](py::handle t) -> py::object {
+    at::Tensor v = torchtpu::storage_host_values(tensor_of(t));
+    if (!v.defined()) return py::none();
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(v));
+  });
+  m.def("_set_upload_host_copies", [](int64_t n) { torchtpu::set_upload_host_copies(n); });
   m.def("_storage_value_type", [](py::handle t) -> py::object {
     std::vector<int64_t> shape;
     at::ScalarType dtype;

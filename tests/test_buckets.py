@@ -171,6 +171,45 @@ def test_compiled_gpt_over_lengths_17_to_64_captures_once_per_bucket():
     assert len(later) == 3 and later == [0, 0, 0], compiles
 
 
+@pytest.mark.one_pass("strict")  # strict: every eager op (autograd's zero fills among them) is its own program
+def test_unread_outputs_and_new_batches_cost_no_program_and_no_read_back():
+    """A model returning more than its loss (Hugging Face's hidden states and key/value caches): autograd gives the
+    backward zeros for the outputs the loss never reads, at their exact sizes. They hold no value (torch.zeros is
+    free until written) and the bucketed backward takes them at its capacity as they are; the token batches, copied
+    from the host at their exact sizes, are padded to the capacity from the bytes they were uploaded from. So every
+    length of a bucket after its first compiles nothing and reads nothing back but the loss."""
+    torch.manual_seed(0)
+    emb, proj = nn.Embedding(64, 16), nn.Linear(16, 64)
+
+    def step(e, p, x, y):
+        h = torch.tanh(e(x))
+        return F.cross_entropy(p(h).flatten(0, 1), y.flatten()), h, h * 2  # h, h * 2: outputs the loss never reads
+
+    te, tp = copy.deepcopy(emb).to("tpu"), copy.deepcopy(proj).to("tpu")
+    f = torch.compile(step, backend="tpu", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    torchtpu.metrics.reset()
+    for i, t in enumerate([17, 23, 29, 20, 31]):  # one bucket (32)
+        x, y = torch.randint(0, 64, (2, t), generator=g), torch.randint(0, 64, (2, t), generator=g)
+        c0 = _counters()
+        loss, h, _ = step(emb, proj, x, y)
+        loss.backward()
+        lt, ht, _ = f(te, tp, x.to("tpu"), y.to("tpu"))
+        lt.backward()
+        torch.testing.assert_close(lt.item(), loss.item(), rtol=1e-5, atol=0)
+        torch.testing.assert_close(ht.cpu(), h.detach())
+        c1 = _counters()
+        if i >= 3:  # the first compile the programs, and the gradients' accumulation (add_) over their layouts
+            assert c1.get("compiles", 0) == c0.get("compiles", 0), (i, t)
+            assert c1.get("host_syncs", 0) - c0.get("host_syncs", 0) == 2, (i, t)  # lt.item(), ht.cpu()
+    torch.testing.assert_close(te.weight.grad.cpu(), emb.weight.grad)
+    torch.testing.assert_close(tp.weight.grad.cpu(), proj.weight.grad)
+    c = _counters()
+    assert not c.get("host_sync.bucket_input"), c
+    assert c.get("compile.bucket_input_host_copies", 0) >= 2 * 3
+    assert not c.get("compile.bucket_declined")
+
+
 def test_a_python_float_argument_is_a_runtime_value_not_a_capture():
     # dynamic=True: Dynamo passes the float as a 0-dim float64 CPU tensor; each call copies it to the device
     fn = torch.compile(lambda x, s: (x * s).sum(0), backend="tpu", dynamic=True)

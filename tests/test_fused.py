@@ -183,7 +183,7 @@ def test_errors_in_a_chunk_name_the_op_and_line():
 
 def test_in_place_updates_donate_in_fused_mode_too():
     n = 1 << 20
-    x = torch.zeros(n, device="tpu")
+    x = torch.ones(n, device="tpu")  # (torch.zeros holds no buffer until written: nothing to donate the first time)
     torchtpu.sync()
     with torchtpu.mode("fused"):
         torchtpu.metrics.reset()
@@ -191,7 +191,7 @@ def test_in_place_updates_donate_in_fused_mode_too():
             x.add_(1.0)
             torchtpu.sync()
     assert torchtpu.metrics.counters()["donated_bytes"] >= 5 * 4 * n
-    assert x.cpu()[0].item() == 5.0
+    assert x.cpu()[0].item() == 6.0
 
 
 def test_in_place_updates_are_paired_with_their_buffers_so_xla_copies_less(monkeypatch):

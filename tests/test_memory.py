@@ -23,11 +23,31 @@ def test_memory_allocated_counts_live_device_buffers():
     assert torch.tpu.max_memory_allocated() == base
 
 
+def test_zeros_hold_no_buffer_and_run_no_program_until_written():
+    """torch.zeros (empty + zero_) leaves the storage without a value, which reads as zeros: no program per shape
+    (autograd's zero gradients of a new size each cost one before) and no bytes until something is written."""
+    torch.tpu.empty_cache()
+    base = torch.tpu.memory_allocated()
+    c0 = torchtpu.metrics.counters().get("chunks", 0)
+    z, zl, f = torch.zeros(3, 7, device="tpu"), torch.zeros_like(torch.empty(5, device="tpu")), torch.full((4,), 0.0, device="tpu")
+    z.zero_()
+    assert torchtpu.metrics.counters().get("chunks", 0) == c0
+    assert torch.tpu.memory_allocated() == base
+    neg = torch.full((4,), -0.0, device="tpu")  # -0.0 is not what an empty storage reads as
+    assert torch.signbit(neg).all().item()
+    z[1, 2:] = 5.0
+    zl.add_(1)
+    ref = torch.zeros(3, 7)
+    ref[1, 2:] = 5.0
+    assert torch.equal(z.cpu(), ref) and torch.equal(zl.cpu(), torch.ones(5)) and torch.equal(f.cpu(), torch.zeros(4))
+    assert torch.tpu.memory_allocated() > base
+
+
 def test_in_place_updates_donate_their_buffers():
     """An in-place update loop over a large tensor keeps the peak at one copy plus temporaries: the old buffer
     of the overwritten storage is donated to the program that writes the new one."""
     n = 1 << 22  # 16 MiB of float32
-    x = torch.zeros(n, device="tpu")
+    x = torch.ones(n, device="tpu")  # (torch.zeros holds no buffer until written: the loop would add one)
     g = torch.ones(n, device="tpu")
     torch.tpu.synchronize()
     base = torch.tpu.memory_allocated()
@@ -39,7 +59,7 @@ def test_in_place_updates_donate_their_buffers():
     assert torch.tpu.memory_allocated() == base
     assert torch.tpu.max_memory_allocated() - base < 4 * n // 2, torch.tpu.max_memory_allocated() - base
     assert torchtpu.metrics.counters().get("donated_bytes", 0) >= 4 * n  # (strict: every op; fused: per chunk)
-    torch.testing.assert_close(x.cpu(), torch.full((n,), sum(0.5 * 0.99 ** (10 - i) for i in range(10))))
+    torch.testing.assert_close(x.cpu(), torch.full((n,), 0.99 ** 10 + sum(0.5 * 0.99 ** (10 - i) for i in range(10))))
 
 
 def test_freed_storages_release_device_buffers():

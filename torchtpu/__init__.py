@@ -33,6 +33,9 @@ from . import metrics  # noqa: E402
 from . import executor as _executor  # noqa: E402
 from .executor import get_mode, mode, set_mode, synchronize as _sync  # noqa: E402
 from . import lowering  # noqa: E402,F401  (fills the lowering tables)
+from . import buckets as _buckets  # noqa: E402
+
+_buckets._sync_upload_copies()
 from . import kernels as _kernels  # noqa: E402
 
 _C._set_callbacks(_executor.callbacks())

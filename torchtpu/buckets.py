@@ -30,6 +30,15 @@ import os
 import torch
 
 _POLICY = os.environ.get("TORCHTPU_SHAPE_BUCKETS", "pow2")
+# Uploads (x.to("tpu")) of at most this many bytes keep their host copy while sizes are bucketed: a bucketed graph
+# that takes one (a batch of a new length) pads it to its bucket's capacity on the host, with no read back.
+UPLOAD_HOST_COPY_BYTES = 256 * 1024
+
+
+def _sync_upload_copies() -> None:
+    from . import _C
+
+    _C._set_upload_host_copies(UPLOAD_HOST_COPY_BYTES if enabled() else 0)
 
 
 def set_shape_buckets(policy) -> None:
@@ -41,6 +50,7 @@ def set_shape_buckets(policy) -> None:
     if not isinstance(policy, str):
         policy = ",".join(str(int(s)) for s in policy)
     _POLICY = policy
+    _sync_upload_copies()
 
 
 def get_shape_buckets():

@@ -300,15 +300,24 @@ def _bucket_plan(gm):
 
 def _flat_capacity(t, capacity):
     """t's storage as a flat tensor of `capacity` elements holding t's values first. t is compact (contiguous from
-    the storage's start) in a storage at least that large when a bucketed program made it; else (a batch just
-    copied from the host at its exact size) its values are read and copied back with the capacity: a host read
-    (counted as host_sync.bucket_input), never a program per size."""
-    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == capacity * t.element_size():
-        vt = _C._storage_value_type(t)  # the program reads the storage's buffer: it must be the flat one
-        if vt is not None and tuple(vt[0]) == (capacity,) and vt[1] == t.dtype:
+    the storage's start) in a storage at least that large when a bucketed program made it; a storage that holds no
+    value stays so (it reads as zeros); else (a batch just copied from the host at its exact size) its values are
+    copied anew with the capacity, from the host bytes of a small upload (compile.bucket_input_host_copies) or read
+    back (a host read, host_sync.bucket_input): never a program per size."""
+    vt = _C._storage_value_type(t)
+    if vt is None:  # a storage that holds no value reads as zeros (torch.zeros, autograd's zero gradients)
+        return torch.empty(capacity, dtype=t.dtype, device=t.device)
+    whole = t.is_contiguous() and t.storage_offset() == 0
+    if whole and t.untyped_storage().nbytes() == capacity * t.element_size():
+        if tuple(vt[0]) == (capacity,) and vt[1] == t.dtype:  # the program reads the storage's buffer: the flat one
             return t.as_strided((capacity,), (1,), 0)
     host = torch.zeros(capacity, dtype=t.dtype)
-    host[: t.numel()] = executor.read_host(t, "bucket_input").reshape(-1)
+    kept = _C._storage_host_values(t) if whole and vt[1] == t.dtype and not (t.is_conj() or t.is_neg()) else None
+    if kept is not None and kept.numel() >= t.numel():
+        host[: t.numel()] = kept[: t.numel()]  # the bytes it was uploaded from (buckets.UPLOAD_HOST_COPY_BYTES)
+        metrics.inc("compile.bucket_input_host_copies")
+    else:
+        host[: t.numel()] = executor.read_host(t, "bucket_input").reshape(-1)
     metrics.inc("compile.bucket_input_copies")
     return host.to(t.device)
 

@@ -13,9 +13,11 @@ after every op, debug is strict plus a wait.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 import numpy as np
+
 import torch
 
 from . import _C, cache, checks, metrics, runtime
@@ -108,8 +110,13 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
         return out.zero_()
     shape, dtype = vt
     whole = V.covers_storage(t) and dtype == t.dtype and tuple(shape) in (tuple(t.shape), (t.numel(),))
+    # a contiguous run of a buffer not much larger (a bucketed program's exact-size output, the compact prefix of
+    # its capacity): the buffer is read and the run cut out on the host, with no program per size
+    start = t.storage_offset()
+    run = (not whole and dtype == t.dtype and not (t.is_conj() or t.is_neg()) and V.is_contiguous(t.shape, t.stride())
+           and start + t.numel() <= math.prod(shape) <= 4 * t.numel() + 16384)
     src = t
-    if not whole:  # a view, another dtype or a resized storage: one small program makes it contiguous
+    if not whole and not run:  # a view, another dtype or a resized storage: one small program makes it contiguous
         src = torch.empty(t.shape, dtype=t.dtype, device=t.device)
         tr = direct_trace("read:" + cause, t.device.index or 0)
         tr.write(src, tr.read(t))
@@ -124,7 +131,7 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
         raise RuntimeError(f"tpu: reading a tensor failed: {e}") from e
     metrics.inc("transfers.d2h")
     metrics.inc("bytes.d2h", t.numel() * t.element_size())
-    out.copy_(host.reshape(t.shape))
+    out.copy_(host.reshape(-1)[start:start + t.numel()].reshape(t.shape) if run else host.reshape(t.shape))
     return out
 
 

@@ -172,6 +172,7 @@ class Trace:
         self._lowering = lowering
         self._generator_path = generator_path  # lowering: generator object -> its argument path
         self._param_of: dict = {}  # key -> the parameter Value of that storage
+        self._zeros: list = []  # Values known to be all zeros (write: a storage that holds none stays so)
 
     # -- what rules see (read-only: rules never change their context) -----------------------------
     @property
@@ -187,6 +188,16 @@ class Trace:
     def arg_of(self, value):
         """The argument (a tensor, with its strides and bits) a Value was read from, or None."""
         return self._source.get(id(value))
+
+    def zeros(self, dtype, shape) -> Value:
+        """A tensor of zeros that write() knows as such: written into a storage that holds no value (which reads as
+        zeros), it leaves the storage so, without computing or allocating anything. That makes torch.zeros /
+        zeros_like / new_zeros (empty + zero_) free until something else is written: autograd's zero gradients for
+        outputs the loss never reads, among others, cost no program (a program per shape, before) and a bucketed
+        graph takes them at its capacity without reading them (compile.py _flat_capacity)."""
+        v = E.const(self.fn, 0, dtype, shape)
+        self._zeros.append(v)
+        return v
 
     def update(self, value, new_value) -> None:
         """Writes new_value into the storage of the argument `value` was read from (batch norm's running
@@ -298,6 +309,8 @@ class Trace:
         if t.numel() == 0:
             return
         key, _, nbytes = self._storages(t)
+        if any(value is z for z in self._zeros) and self._storage_value(t) is None:
+            return  # zeros into a storage that reads as zeros
         value = E.broadcast_to(E.convert(value, t.dtype), tuple(t.shape))
         base = self._storage_value(t)
         numel = nbytes // t.element_size()

@@ -47,6 +47,10 @@ struct DeviceBuffer : c10::intrusive_ptr_target {
   ValueType type;
   c10::DeviceIndex device;
   bool donated = false;
+  // The host bytes it was uploaded from, for small uploads while sizes are bucketed: a bucketed graph that needs
+  // the value in a storage of its bucket's capacity pads these on the host instead of reading the buffer back. A
+  // buffer never changes, so they stay true for as long as it lives.
+  c10::Storage host;
   void mark_donated();  // the program that consumes it reuses its memory: it no longer counts
 };
 using BufferPtr = c10::intrusive_ptr<DeviceBuffer>;

@@ -543,6 +543,8 @@ bool covers_storage(const at::Tensor& t) {
          static_cast<size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
 }
 
+std::atomic<int64_t> g_upload_host_copies{0};
+
 // copy_ from the host into a tpu tensor: the values converted on the CPU (dtype, broadcast, conj/neg bits), one
 // transfer into a new device buffer (jaxlib's C++ device_put), which becomes the storage's value when the tensor
 // covers it, else is written through the view by a tpu -> tpu copy_.
@@ -556,6 +558,16 @@ void upload(const at::Tensor& self, const at::Tensor& src) {
   graph_counters().h2d_bytes += static_cast<int64_t>(host.nbytes());
   if (covers_storage(self)) {
     set_storage_buffer(self, runtime::upload(host, device), self.scalar_type(), self.sizes().vec());
+    if (static_cast<int64_t>(host.nbytes()) <= g_upload_host_copies.load()) {
+      // our own bytes only: the caller may write its tensor (the next batch) after the copy returns
+      at::Tensor keep = host.is_alias_of(src) || host.storage_offset() != 0 ||
+                                host.storage().nbytes() != host.nbytes()
+                            ? host.clone(at::MemoryFormat::Contiguous)
+                            : host;
+      std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+      StorageHandle* h = handle_of(self.storage());
+      if (h->state == StorageHandle::State::kBuffer) h->buffer->host = keep.storage();
+    }
   } else {
     const c10::DeviceGuard guard(self.device());
     at::Tensor tmp = at::detail::empty_strided_generic(self.sizes(), host.strides(), tpu_allocator(), kTpuKeys,
@@ -771,6 +783,23 @@ void set_storage_buffer(const at::Tensor& t, _object* array, at::ScalarType dtyp
   auto b = c10::make_intrusive<DeviceBuffer>(array, std::move(vt), h->device);
   std::lock_guard<std::recursive_mutex> lk(exec_mutex());
   h->set_buffer(std::move(b));
+}
+
+void set_upload_host_copies(int64_t max_bytes) { g_upload_host_copies = max_bytes; }
+
+at::Tensor storage_host_values(const at::Tensor& t) {
+  StorageHandle* h = handle_of(t.storage());
+  if (h == nullptr) return at::Tensor();
+  c10::Storage host;
+  ValueType vt;
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+    h->resolve();
+    if (h->state != StorageHandle::State::kBuffer || !h->buffer->host) return at::Tensor();
+    host = h->buffer->host;
+    vt = h->buffer->type;
+  }
+  return at::empty({0}, at::TensorOptions().dtype(vt.dtype)).set_(host, 0, {vt.numel()}, {1});
 }
 
 bool storage_value_type(const at::Tensor& t, std::vector<int64_t>* shape, at::ScalarType* dtype) {

@@ -1,6 +1,8 @@
 """Fills, ranges and triangular masks (zeros/ones/full/*_like reach these through empty + fill_)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import emit as E
@@ -10,13 +12,15 @@ from ..tables import lowering, out_meta as _meta
 @lowering("fill.Scalar", "fill.Tensor")
 def fill(tr, x, value):
     m = _meta(tr)
+    if type(value) in (int, float, bool) and value == 0 and math.copysign(1.0, value) > 0:  # not a runtime scalar
+        return tr.zeros(m.dtype, m.shape)
     v = E.convert(value, m.dtype) if isinstance(value, E.Value) else tr.scalar(value, m.dtype)
     return E.broadcast_to(E.reshape(v, ()), m.shape)
 
 
 @lowering("zero")
 def zero(tr, x):
-    return E.const(x.fn, 0, x.dtype, x.shape)
+    return tr.zeros(x.dtype, x.shape)
 
 
 @lowering("arange.start_step")
@@ -57,7 +61,7 @@ def arange_out(tr, start, end, step=1):
 def efficient_zero_tensor(tr, size, dtype=None, layout=None, device=None, pin_memory=None):
     """The zeros autograd uses for gradients known to vanish (a plain zero tensor on tpu)."""
     m = _meta(tr)
-    return E.const(tr.fn, 0, m.dtype, m.shape)
+    return tr.zeros(m.dtype, m.shape)
 
 
 def _spaced(tr, start, end, steps, base=None):
