@@ -3,10 +3,10 @@
 Run: .venv/bin/python bench/dynamic.py [--steps 8] [models...]
 Rows (tests/zoo.py): Hugging Face Mixtral with its default experts (`torch._grouped_mm`: the counts stay on the
 device) and with its "eager" experts (the per-expert loop: nonzero, where, index_add_ — how every MoE written by
-hand routes), a hand-written top-k router LM, and GPT-2 over batches whose length varies between 17 and 64. For
+hand routes), a hand-written top-k router LM, and GPT-2 and Mixtral over batches whose length varies between 17 and 64. For
 each mode: step time / CPU eager (medians after step 2), compiles per step after step 2, host reads per step, the
 loss difference to cpu. The machines are shared and noisy: read the ratios, not the milliseconds. The varying-length
-loop also runs compiled (torch.compile(backend="tpu", dynamic=True), strict mode): there its sizes are bucketed
+loops also run compiled (torch.compile(backend="tpu", dynamic=True), strict mode): there its sizes are bucketed
 (torchtpu/buckets.py), one program per bucket; the lengths' power-of-two buckets are printed with it. The eager
 modes do not bucket yet (docs/architecture.md).
 """
@@ -25,8 +25,8 @@ import torchtpu.cache  # noqa: E402
 import torchtpu  # noqa: E402
 import zoo  # noqa: E402
 
-ROWS = ["mixtral", "mixtral_eager_experts", "topk_moe", "gpt2_varlen"]
-COMPILED = {"gpt2_varlen"}  # also under torch.compile(backend="tpu", dynamic=True): bucketed sizes
+ROWS = ["mixtral", "mixtral_eager_experts", "topk_moe", "gpt2_varlen", "mixtral_varlen"]
+COMPILED = {"gpt2_varlen", "mixtral_varlen"}  # also under torch.compile(backend="tpu", dynamic=True): bucketed sizes
 
 
 def _bucket(n, lo=16):
@@ -66,9 +66,9 @@ def main():
             print(f"| {name} | {mode} | {tpu_t / cpu_t:.1f}x ({tpu_t * 1e3:.0f} / {cpu_t * 1e3:.1f} ms) | "
                   f"{statistics.mean(later):.1f} (max {max(later)}) | {statistics.mean(r['tpu']['host_syncs']):.1f} | "
                   f"{r['max_rel_diff']:.1e} |", flush=True)
-    if "gpt2_varlen" in args.models:
+    if "gpt2_varlen" in args.models or "mixtral_varlen" in args.models:
         lengths = [b["input_ids"].shape[1] for b in zoo._varlen_batches(args.steps)]
-        print(f"\ngpt2_varlen lengths: {lengths}; {len(set(lengths))} distinct, "
+        print(f"\nvarying-length rows' lengths: {lengths}; {len(set(lengths))} distinct, "
               f"{len({_bucket(t) for t in lengths})} power-of-two buckets (>= 16)")
 
 

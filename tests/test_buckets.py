@@ -210,6 +210,60 @@ def test_unread_outputs_and_new_batches_cost_no_program_and_no_read_back():
     assert not c.get("compile.bucket_declined")
 
 
+class _GroupedMoE(nn.Module):
+    """Hugging Face's grouped-matmul experts, written out: tokens sorted by expert, grouped matmuls over the counts'
+    offsets, the inverse permutation written with index_put, per-token sums (the padded tokens sort last and no
+    group holds them)."""
+
+    def __init__(self, d=16, e=4, k=2, f=32):
+        super().__init__()
+        self.router = nn.Linear(d, e, bias=False)
+        self.w1 = nn.Parameter(torch.randn(e, d, f) * 0.2)
+        self.w2 = nn.Parameter(torch.randn(e, f, d) * 0.2)
+        self.k, self.e = k, e
+
+    def forward(self, x):
+        B, T, d = x.shape
+        h = x.reshape(-1, d)
+        w, ids = torch.topk(F.softmax(self.router(h), -1), self.k, -1)
+        ids_g, perm = torch.sort(ids.reshape(-1))
+        offs = torch.cumsum(torch.histc(ids_g.float(), bins=self.e, min=0, max=self.e - 1), 0, dtype=torch.int32)
+        y = torch._grouped_mm(F.silu(torch._grouped_mm(h[perm // self.k], self.w1, offs=offs)), self.w2, offs=offs)
+        y = y * w.reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel(), device=x.device)
+        return y[inv].view(B * T, self.k, d).sum(1).view(B, T, d)
+
+
+@pytest.mark.one_pass("strict")
+def test_grouped_mm_experts_over_varying_lengths_run_once_per_bucket():
+    """MoE routing under torch.compile(dynamic=True) with the length varying: topk, a sort along the padded tokens,
+    histc, indexing through a merged padded dim, grouped matmuls and a non-accumulating index_put (the inverse
+    permutation) all bucketed; losses and weights equal CPU eager's."""
+    torch.manual_seed(0)
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.moe, self.head = nn.Embedding(64, 16), _GroupedMoE(), nn.Linear(16, 64)
+
+        def forward(self, x, y):
+            h = self.emb(x)
+            return F.cross_entropy(self.head(h + self.moe(h)).flatten(0, 1), y.flatten())
+
+    lengths = [17, 23, 29, 20, 31]  # one bucket (32)
+    g = torch.Generator().manual_seed(0)
+    data = [(x, x) for x in (torch.randint(0, 64, (2, t), generator=g) for t in lengths)]
+    model = LM()
+    torchtpu.metrics.reset()
+    compiles, rel = _varlen_train(model, lambda m, x, y: m(x, y), data)
+    c = _counters()
+    assert max(rel) < 1e-5, rel
+    assert not c.get("compile.bucket_declined"), c
+    assert c.get("compile.bucketed_runs", 0) >= 2 * (len(lengths) - 1)
+    assert compiles[2:] == [0] * (len(lengths) - 2), compiles
+
+
 def test_a_python_float_argument_is_a_runtime_value_not_a_capture():
     # dynamic=True: Dynamo passes the float as a 0-dim float64 CPU tensor; each call copies it to the device
     fn = torch.compile(lambda x, s: (x * s).sum(0), backend="tpu", dynamic=True)

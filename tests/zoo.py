@@ -313,8 +313,14 @@ def gpt2_varlen():
     return model, _varlen_batches, loss
 
 
+def mixtral_varlen():
+    model, _, loss = mixtral()
+    return model, _varlen_batches, loss
+
+
 # Not in MODELS (the zoo test's list): their sizes change every step.
-VARYING = {"topk_moe": topk_moe, "mixtral_eager_experts": mixtral_eager_experts, "gpt2_varlen": gpt2_varlen}
+VARYING = {"topk_moe": topk_moe, "mixtral_eager_experts": mixtral_eager_experts, "gpt2_varlen": gpt2_varlen,
+           "mixtral_varlen": mixtral_varlen}
 
 
 def _to(batch, device):

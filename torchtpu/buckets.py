@@ -673,7 +673,7 @@ def _factory(node, args, kwargs, ctx):
 for _op in (aten.arange.start_step, aten.arange.start, aten.arange.default, aten.full.default, aten.zeros.default,
             aten.ones.default, aten.empty.memory_format, aten.scalar_tensor.default, aten.new_zeros.default,
             aten.new_ones.default, aten.new_full.default, aten.new_empty.default, aten.empty_strided.default,
-            torch.ops.prims.iota.default):
+            aten.empty_permuted.default, torch.ops.prims.iota.default):
     _HANDLERS[_op] = _factory
 
 
@@ -880,6 +880,86 @@ def _scan(node, args, kwargs, ctx):
     return tuple(PT(o, x.dims) for o in out) if isinstance(out, tuple) else PT(out, x.dims)
 
 
+@_handles(aten.topk.default, aten.sort.default, aten.sort.stable)
+def _select_along(node, args, kwargs, ctx):
+    """topk / sort along a dim without padding (a router's top-k experts of each padded token): each row on its own,
+    so the padding's rows give garbage rows; the dim itself is static (k, or its size)."""
+    x = args[0]
+    if node.target is aten.topk.default:
+        if isinstance(args[1], Sz):
+            raise Unsupported("topk with a symbolic k")
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+    elif node.target is aten.sort.stable:
+        dim = kwargs.get("dim", -1)
+    else:
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+    dim = dim % max(x.t.dim(), 1)
+    if x.tainted(dim) and node.target is not aten.topk.default:
+        return _sort_padded(ctx, node, x, dim, args, kwargs)
+    if x.tainted(dim):
+        raise Unsupported(f"{node.target} along a padded dim")  # (k may exceed the valid count: PyTorch raises)
+    out = node.target(*_padded(args), **_padded(kwargs))
+    dims = [((o, None),) if d == dim else f for d, (f, o) in enumerate(zip(x.dims, out[0].shape))]
+    return tuple(PT(o, dims) for o in out)
+
+
+def _sort_padded(ctx, node, x, dim, args, kwargs):
+    """A sort along a padded dim (a router grouping its tokens by expert): the padding becomes values that sort after
+    every valid one, in a stable sort (valid ones first among equals), so the valid values come first, sorted, and
+    their indices are exact coordinates (the dim laid out compact first)."""
+    if node.target is aten.sort.stable:
+        desc = kwargs.get("descending", False)
+    else:
+        desc = args[2] if len(args) > 2 else kwargs.get("descending", False)
+    x = _prefixed(ctx, x, [dim])
+    dt = x.t.dtype
+    if dt == torch.bool:
+        fill = not desc
+    elif dt.is_floating_point:
+        fill = -math.inf if desc else math.nan  # NaN sorts after +inf ascending (a valid NaN stays ahead: stable)
+    else:
+        fill = torch.iinfo(dt).min if desc else torch.iinfo(dt).max
+    values, indices = torch.sort(_fill(ctx, x, fill, [dim]), dim=dim, descending=desc, stable=True)
+    return PT(values, x.dims), PT(indices, x.dims)
+
+
+@_handles(aten.histc.default)
+def _histc(node, args, kwargs, ctx):
+    """histc over padded values: the padding becomes a value past `max`, which no bin counts."""
+    x = args[0]
+    bins = args[1] if len(args) > 1 else kwargs.get("bins", 100)
+    lo = args[2] if len(args) > 2 else kwargs.get("min", 0)
+    hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
+    if x.any_tainted:
+        if lo == hi:
+            raise Unsupported("histc of padded values over their own range (min == max)")
+        if x.t.dtype.is_floating_point:
+            fill = math.inf
+        elif hi < torch.iinfo(x.t.dtype).max:
+            fill = torch.iinfo(x.t.dtype).max
+        else:
+            raise Unsupported("histc of padded integers up to their dtype's largest value")
+        xt = _fill(ctx, x, fill)
+    else:
+        xt = x.t
+    return _plain(torch.histc(xt, bins, lo, hi))
+
+
+@_handles(aten._grouped_mm.default)
+def _grouped_mm(node, args, kwargs, ctx):
+    """Grouped matmul (MoE experts): the groups' rows (or, for a weight gradient, the contracted dim) follow `offs`,
+    whose last offset is the valid count; the padding is zeroed (what a contraction over it adds is 0), the rows
+    past the valid ones are padding of the result. Padded dims are laid out with their valid values first."""
+    tensors = []
+    for a in args:
+        if isinstance(a, PT):
+            a = _prefixed(ctx, a, [d for d in range(a.t.dim()) if a.tainted(d)])
+            a = PT(_fill(ctx, a, 0), a.dims)
+        tensors.append(a)
+    out = node.target(*_padded(tensors), **_padded(kwargs))
+    return PT(out, _fresh_dims(ctx, _val(node), out))
+
+
 @_handles(aten.flip.default)
 def _flip(node, args, kwargs, ctx):
     """flip along a padded dim: the valid values reversed in place (position i reads L-1-i), the padding after."""
@@ -996,6 +1076,57 @@ def _index_dims_ok(node, x, dims):
             raise Unsupported(f"{node.target}: indices into a dim padded inside (factors {x.dims[d]})")
 
 
+def _prefixed(ctx, x: PT, dims) -> PT:
+    """x with each of the given dims laid out with its valid values first (a merged dim padded inside, `[B*T]` of
+    `[B, T]` with T padded, becomes compact: exact coordinate c at position c), so that an index *value*, which
+    counts exact coordinates as in the user's program, reads or writes the right position."""
+    for d in dims:
+        if not _prefix(x, d):
+            x = _conform(ctx, x, d, ((x.t.shape[d], _count_sz(ctx, x.dims[d])),))
+    return x
+
+
+def _wrapped(ctx, x: PT, indices):
+    """Advanced indices with negative values counted from the true end of a padded dim (as PyTorch wraps them by the
+    exact size, not the padded one); x's indexed dims keep their valid values first."""
+    out = list(indices)
+    for d, i in enumerate(indices):
+        if i is not None and x.tainted(d) and i.t.dtype != torch.bool:
+            n = _count_sz(ctx, x.dims[d]).rt
+            out[d] = PT(torch.where(i.t < 0, i.t + n, i.t), i.dims)
+    return out
+
+
+def _values_like_index(ctx, node, x: PT, values: PT, indices, pos):
+    """index_put's values laid out like its indices along their broadcast dims (the i-th index goes with the i-th
+    value: a merged dim compact in one and padded inside in the other would pair the wrong rows)."""
+    idx = [i for i in indices if i is not None]
+    if not isinstance(values, PT) or not values.any_tainted or not any(i.any_tainted for i in idx):
+        return values, indices
+    if pos != list(range(pos[0], pos[-1] + 1)):
+        raise Unsupported(f"{node.target}: padded values with non-adjacent indices")
+    indices = list(indices)
+    rb = max(i.t.dim() for i in idx)
+    off = pos[0] + rb + (x.t.dim() - pos[-1] - 1) - values.t.dim()
+    for dv in range(values.t.dim()):
+        k = dv + off - pos[0]
+        if not 0 <= k < rb:
+            continue
+        for j, i in enumerate(indices):
+            di = None if i is None else k - (rb - i.t.dim())
+            if di is None or di < 0 or i.t.shape[di] == 1 or values.t.shape[dv] == 1:
+                continue
+            values, indices[j] = _agree(ctx, node, values, dv, i, di)
+    return values, indices
+
+
+def _count_sz(ctx, factors):
+    sz = ctx.size(_count_expr(factors))
+    if not isinstance(sz, Sz):
+        raise Unsupported(f"a merged dim without a valid count (factors {factors})")
+    return sz
+
+
 def _aligned(node, x, idx, dim):
     """gather/scatter: idx's positions along the other dims are x's positions."""
     _index_dims_ok(node, x, [dim])
@@ -1020,6 +1151,7 @@ def _gather(node, args, kwargs, ctx):
     x, dim, idx = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
     if idx.tainted(dim):
         raise Unsupported("gather with an index padded along the gathered dim")
+    x = _prefixed(ctx, x, [dim])
     _aligned(node, x, idx, dim)
     it = _fill(ctx, idx, 0)
     out = torch.gather(x.t, dim, it, **kwargs)
@@ -1036,7 +1168,18 @@ def _scatter(node, args, kwargs, ctx):
     for d in range(idx.t.dim()):
         if idx.tainted(d) and not _same_factors(idx.dims[d], x.dims[d]):
             raise Unsupported(f"{node.target}: index and self padded differently")
+    x = _prefixed(ctx, x, [dim])
     _aligned(node, x, idx, dim)
+    src = args[3] if len(args) > 3 else None
+    if isinstance(src, PT):  # the i-th index goes with the i-th source value
+        for d in range(idx.t.dim()):
+            if idx.t.shape[d] == src.t.shape[d] and (idx.tainted(d) or src.tainted(d)):
+                idx, src = _agree(ctx, node, idx, d, src, d)
+                if not _same_factors(idx.dims[d], src.dims[d]):
+                    raise Unsupported(f"{node.target}: index and source padded differently along dim {d}")
+            elif idx.tainted(d) or src.tainted(d):
+                raise Unsupported(f"{node.target}: index and source of different sizes along a padded dim {d}")
+        args = list(args[:3]) + [src] + list(args[4:])
     rest = [a.t if isinstance(a, PT) else a for a in args[3:]]
     out = node.target(x.t, dim, _fill(ctx, idx, 0), *rest)
     return PT(out, x.dims)
@@ -1046,16 +1189,32 @@ def _scatter(node, args, kwargs, ctx):
 def _index_put(node, args, kwargs, ctx):
     x, indices, values = args[0], args[1], args[2]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-    if x.any_tainted and any(i is not None and i.any_tainted for i in indices):
-        raise Unsupported(f"{node.target} into a padded tensor at padded indices")
-    _index_dims_ok(node, x, [d for d, i in enumerate(indices) if i is not None])
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    x = _prefixed(ctx, x, pos)
+    indices = _wrapped(ctx, x, indices)
+    values, indices = _values_like_index(ctx, node, x, values, indices, pos)
     tainted = [i for i in indices if i is not None and i.any_tainted]
     if not tainted:
         out = node.target(x.t, [None if i is None else i.t for i in indices], values.t, accumulate)
         return PT(out, x.dims)
     if not accumulate:
-        raise Unsupported(f"{node.target} without accumulation at padded indices")
-    # the padding's rows add 0 (at index 0)
+        # the padding's rows write into one extra position past the first indexed dim's end, dropped after
+        d0 = pos[0]
+        n0 = x.t.shape[d0]
+        trash = torch.zeros_like(x.t.narrow(d0, 0, 1))
+        xt = torch.cat([x.t, trash], d0)
+        m = None
+        for i in tainted:
+            mi = _mask(ctx, i)
+            m = mi if m is None else m & mi
+        idx = [None if i is None else i.t for i in indices]
+        idx[d0] = torch.where(m, idx[d0], n0)
+        for d in pos[1:]:
+            idx[d] = torch.where(m, idx[d], 0)
+        out = node.target(xt, idx, values.t, False).narrow(d0, 0, n0)
+        return PT(out, x.dims)
+    # the padding's rows add 0 (at index 0); a valid index points at a valid position of x (its indexed dims keep their
+    # valid values first: _prefixed), so x's own padding may stay as it is
     m = None
     for i in tainted:
         mi = _mask(ctx, i)
@@ -1077,7 +1236,9 @@ def _index(node, args, kwargs, ctx):
     idx = [indices[i] for i in pos]
     if not idx or any(i.t.dtype == torch.bool for i in idx):
         raise Unsupported("boolean-mask index")
-    _index_dims_ok(node, x, pos)
+    x = _prefixed(ctx, x, pos)
+    indices = _wrapped(ctx, x, indices)
+    idx = [indices[i] for i in pos]
     args2, _ = _harmonize(ctx, node, (idx,), {})
     idx = list(args2[0])
     filled = [_fill(ctx, i, 0) for i in idx]
@@ -1093,6 +1254,25 @@ def _index(node, args, kwargs, ctx):
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     dims = rest_before + bdims + rest_after if adjacent else bdims + [f for d, f in enumerate(x.dims) if d not in pos]
     return PT(out, dims)
+
+
+@_handles(aten.select.int)
+def _select(node, args, kwargs, ctx):
+    """x[..., i, ...]: along a padded dim, a valid index i >= 0 is its padded position when the dim keeps its valid
+    values first; i < 0 counts from the true end (the last token's hidden state), a runtime position."""
+    x, dim, i = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
+    dims = [f for d, f in enumerate(x.dims) if d != dim]
+    if not x.tainted(dim):
+        return PT(x.t.select(dim, _padded(i)), dims)
+    if isinstance(i, Sz) or not _prefix(x, dim):
+        raise Unsupported(f"select of a padded dim (factors {x.dims[dim]}) at a symbolic index" if isinstance(i, Sz)
+                          else f"select of a dim padded inside (factors {x.dims[dim]})")
+    if i >= 0:
+        return PT(x.t.select(dim, i), dims)
+    if len(x.dims[dim]) != 1:
+        raise Unsupported("select from the end of a merged padded dim")
+    pos = (x.dims[dim][0][1].rt + i).clamp(min=0).reshape(1)
+    return PT(x.t.index_select(dim, pos).squeeze(dim), dims)
 
 
 @_handles(aten.slice.Tensor)
