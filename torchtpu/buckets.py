@@ -1070,12 +1070,6 @@ def _prefix(x, d) -> bool:
     return all(f[1] is None for f in x.dims[d][1:])
 
 
-def _index_dims_ok(node, x, dims):
-    for d in dims:
-        if not _prefix(x, d):
-            raise Unsupported(f"{node.target}: indices into a dim padded inside (factors {x.dims[d]})")
-
-
 def _prefixed(ctx, x: PT, dims) -> PT:
     """x with each of the given dims laid out with its valid values first (a merged dim padded inside, `[B*T]` of
     `[B, T]` with T padded, becomes compact: exact coordinate c at position c), so that an index *value*, which
@@ -1128,8 +1122,7 @@ def _count_sz(ctx, factors):
 
 
 def _aligned(node, x, idx, dim):
-    """gather/scatter: idx's positions along the other dims are x's positions."""
-    _index_dims_ok(node, x, [dim])
+    """gather/scatter: idx's positions along the other dims are x's positions (x's `dim` is _prefixed already)."""
     for d in range(idx.t.dim()):
         if d != dim and (x.tainted(d) or idx.tainted(d)) and not _same_factors(idx.dims[d], x.dims[d]) and \
                 not (_prefix(x, d) and _prefix(idx, d)):
@@ -1197,16 +1190,16 @@ def _index_put(node, args, kwargs, ctx):
     if not tainted:
         out = node.target(x.t, [None if i is None else i.t for i in indices], values.t, accumulate)
         return PT(out, x.dims)
+    m = None  # the valid rows of the indices
+    for i in tainted:
+        mi = _mask(ctx, i)
+        m = mi if m is None else m & mi
     if not accumulate:
         # the padding's rows write into one extra position past the first indexed dim's end, dropped after
         d0 = pos[0]
         n0 = x.t.shape[d0]
         trash = torch.zeros_like(x.t.narrow(d0, 0, 1))
         xt = torch.cat([x.t, trash], d0)
-        m = None
-        for i in tainted:
-            mi = _mask(ctx, i)
-            m = mi if m is None else m & mi
         idx = [None if i is None else i.t for i in indices]
         idx[d0] = torch.where(m, idx[d0], n0)
         for d in pos[1:]:
@@ -1215,10 +1208,6 @@ def _index_put(node, args, kwargs, ctx):
         return PT(out, x.dims)
     # the padding's rows add 0 (at index 0); a valid index points at a valid position of x (its indexed dims keep their
     # valid values first: _prefixed), so x's own padding may stay as it is
-    m = None
-    for i in tainted:
-        mi = _mask(ctx, i)
-        m = mi if m is None else m & mi
     idx = [None if i is None else torch.where(_mask(ctx, i), i.t, 0) if i.any_tainted else i.t for i in indices]
     nb = m.dim()
     vm = m.view(list(m.shape) + [1] * (values.t.dim() - nb)) if values.t.dim() >= nb else m

@@ -17,7 +17,6 @@ import math
 import os
 
 import numpy as np
-
 import torch
 
 from . import _C, cache, checks, metrics, runtime

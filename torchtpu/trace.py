@@ -309,10 +309,10 @@ class Trace:
         if t.numel() == 0:
             return
         key, _, nbytes = self._storages(t)
-        if any(value is z for z in self._zeros) and self._storage_value(t) is None:
+        base = self._storage_value(t)
+        if base is None and any(value is z for z in self._zeros):
             return  # zeros into a storage that reads as zeros
         value = E.broadcast_to(E.convert(value, t.dtype), tuple(t.shape))
-        base = self._storage_value(t)
         numel = nbytes // t.element_size()
         if base is not None:
             if base.dtype != t.dtype:

@@ -35,11 +35,11 @@ void record_fragment(int32_t fragment, const std::vector<at::Tensor>& storage_pa
 _object* storage_buffer(const at::Tensor& t, int cause);
 // Makes t's storage hold `array` (a jax Array on t's device, of the given type); steals the reference.
 void set_storage_buffer(const at::Tensor& t, _object* array, at::ScalarType dtype, const std::vector<int64_t>& shape);
-// (shape, dtype) of t's storage's value, or false when empty.
 // The host copy of t's storage value (DeviceBuffer::host) as a flat CPU tensor; undefined when there is none.
 at::Tensor storage_host_values(const at::Tensor& t);
 // Uploads of at most this many bytes keep their host copy (0: none; torchtpu/buckets.py sets it with the policy).
 void set_upload_host_copies(int64_t max_bytes);
+// (shape, dtype) of t's storage's value, or false when empty.
 bool storage_value_type(const at::Tensor& t, std::vector<int64_t>* shape, at::ScalarType* dtype);
 
 void synchronize(int64_t device, int cause);  // device < 0: every device
