@@ -330,3 +330,27 @@ def test_advanced_indexing_with_broadcast_index_tensors():
         return x.cumsum(1)[b, t].sum(1) + x[:, torch.arange(x.shape[1] - 1)].sum(1).unsqueeze(1)
 
     _check(fn, [(torch.randn(3, n),) for n in (5, 7, 9)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_convolutions_and_pooling_over_padded_lengths_and_image_sizes():
+    torch.manual_seed(0)
+    audio = nn.Sequential(nn.Conv1d(2, 8, 5, stride=2, padding=2), nn.ReLU(), nn.MaxPool1d(3, stride=2, padding=1),
+                          nn.Conv1d(8, 8, 3, dilation=2), nn.AvgPool1d(2), nn.ConvTranspose1d(8, 4, 3, stride=2))
+    # a varying length: conv, strided max pool with padding, dilated conv, average pool, transposed conv
+    _check(lambda x: audio(x).mean(-1).sum(), [(torch.randn(3, 2, n, requires_grad=True),) for n in (37, 45, 60)])
+    image = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.MaxPool2d(2, ceil_mode=True), nn.Conv2d(6, 6, 3),
+                          nn.AvgPool2d(2))
+    # a varying height and width: max pooling's indices over a plane padded inside count exact positions
+    _check(lambda x: image(x).sum(), [(torch.randn(2, 3, h, w, requires_grad=True),) for h, w in ((19, 23), (27, 30))])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_topk_select_and_split_along_a_padded_dim():
+    def fn(x):
+        v, i = x.topk(3, dim=1)  # the largest of each row's valid values only
+        last = x.flatten()[-1] + x.flatten()[4]  # select from the true end of a merged dim padded inside
+        a, b, c = x.split([2, x.shape[1] - 4, 2], dim=1)  # pieces after a symbolic one start at a runtime offset
+        return v.sum() + i.float().sum() + last + a.sum() + b.amax(1).sum() + c.sum()
+
+    _check(fn, [(torch.randn(3, n, requires_grad=True),) for n in (5, 7, 11)])

@@ -882,8 +882,8 @@ def _scan(node, args, kwargs, ctx):
 
 @_handles(aten.topk.default, aten.sort.default, aten.sort.stable)
 def _select_along(node, args, kwargs, ctx):
-    """topk / sort along a dim without padding (a router's top-k experts of each padded token): each row on its own,
-    so the padding's rows give garbage rows; the dim itself is static (k, or its size)."""
+    """topk / sort: along a dim without padding (a router's top-k experts of each padded token) each row on its own,
+    so the padding's rows give garbage rows; along a padded dim, a stable sort with the padding sorting last."""
     x = args[0]
     if node.target is aten.topk.default:
         if isinstance(args[1], Sz):
@@ -895,22 +895,27 @@ def _select_along(node, args, kwargs, ctx):
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
     dim = dim % max(x.t.dim(), 1)
     if x.tainted(dim) and node.target is not aten.topk.default:
-        return _sort_padded(ctx, node, x, dim, args, kwargs)
+        if node.target is aten.sort.stable:
+            desc = kwargs.get("descending", False)
+        else:
+            desc = args[2] if len(args) > 2 else kwargs.get("descending", False)
+        return _sort_padded(ctx, x, dim, desc)
     if x.tainted(dim):
-        raise Unsupported(f"{node.target} along a padded dim")  # (k may exceed the valid count: PyTorch raises)
+        # the k first of a sort (Dynamo guards k <= the true size, as PyTorch raises past it)
+        largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+        values, indices = _sort_padded(ctx, x, dim, largest)
+        k = args[1]
+        dims = [((k, None),) if d == dim else f for d, f in enumerate(values.dims)]
+        return PT(values.t.narrow(dim, 0, k), dims), PT(indices.t.narrow(dim, 0, k), dims)
     out = node.target(*_padded(args), **_padded(kwargs))
     dims = [((o, None),) if d == dim else f for d, (f, o) in enumerate(zip(x.dims, out[0].shape))]
     return tuple(PT(o, dims) for o in out)
 
 
-def _sort_padded(ctx, node, x, dim, args, kwargs):
-    """A sort along a padded dim (a router grouping its tokens by expert): the padding becomes values that sort after
-    every valid one, in a stable sort (valid ones first among equals), so the valid values come first, sorted, and
-    their indices are exact coordinates (the dim laid out compact first)."""
-    if node.target is aten.sort.stable:
-        desc = kwargs.get("descending", False)
-    else:
-        desc = args[2] if len(args) > 2 else kwargs.get("descending", False)
+def _sort_padded(ctx, x, dim, desc):
+    """A sort along a padded dim (a router grouping its tokens by expert; topk's first k): the padding becomes values
+    that sort after every valid one, in a stable sort (valid ones first among equals), so the valid values come first,
+    sorted, and their indices are exact coordinates (the dim laid out compact first)."""
     x = _prefixed(ctx, x, [dim])
     dt = x.t.dtype
     if dt == torch.bool:
@@ -1247,20 +1252,19 @@ def _index(node, args, kwargs, ctx):
 
 @_handles(aten.select.int)
 def _select(node, args, kwargs, ctx):
-    """x[..., i, ...]: along a padded dim, a valid index i >= 0 is its padded position when the dim keeps its valid
-    values first; i < 0 counts from the true end (the last token's hidden state), a runtime position."""
+    """x[..., i, ...]: along a padded dim, laid out with its valid values first (a merged dim padded inside is made
+    compact), a valid index i >= 0 is its padded position; i < 0 counts from the true end (the last token's hidden
+    state), a runtime position."""
     x, dim, i = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
-    dims = [f for d, f in enumerate(x.dims) if d != dim]
     if not x.tainted(dim):
-        return PT(x.t.select(dim, _padded(i)), dims)
-    if isinstance(i, Sz) or not _prefix(x, dim):
-        raise Unsupported(f"select of a padded dim (factors {x.dims[dim]}) at a symbolic index" if isinstance(i, Sz)
-                          else f"select of a dim padded inside (factors {x.dims[dim]})")
+        return PT(x.t.select(dim, _padded(i)), [f for d, f in enumerate(x.dims) if d != dim])
+    if isinstance(i, Sz):
+        raise Unsupported(f"select of a padded dim (factors {x.dims[dim]}) at a symbolic index")
+    x = _prefixed(ctx, x, [dim])
+    dims = [f for d, f in enumerate(x.dims) if d != dim]
     if i >= 0:
         return PT(x.t.select(dim, i), dims)
-    if len(x.dims[dim]) != 1:
-        raise Unsupported("select from the end of a merged padded dim")
-    pos = (x.dims[dim][0][1].rt + i).clamp(min=0).reshape(1)
+    pos = (_count_sz(ctx, x.dims[dim]).rt + i).clamp(min=0).reshape(1)
     return PT(x.t.index_select(dim, pos).squeeze(dim), dims)
 
 
@@ -1394,7 +1398,9 @@ def _split(node, args, kwargs, ctx):
     else:
         dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % max(x.t.dim(), 1)
     if x.tainted(dim):
-        raise Unsupported(f"{node.target} along a padded dim")
+        if node.target is aten.unbind.int:
+            raise Unsupported("unbind along a padded dim")
+        return _split_padded(ctx, _prefixed(ctx, x, [dim]), dim, _val(node))
     outs = node.target(*_padded(args))
     res = []
     for o in outs:
@@ -1404,6 +1410,29 @@ def _split(node, args, kwargs, ctx):
         else:
             dims[dim] = ((o.shape[dim], None),)
         res.append(PT(o, dims))
+    return res
+
+
+def _split_padded(ctx, x: PT, dim, vals):
+    """Pieces along a padded dim (laid out with its valid values first): piece j starts where the valid values of the
+    pieces before it end (a runtime position once one of them is symbolic) and holds its own valid values first."""
+    import sympy
+
+    res, start = [], sympy.Integer(0)
+    for v in vals:
+        n = v.shape[dim]
+        n = n.node.expr if isinstance(n, torch.SymInt) else sympy.Integer(n)
+        sz, at = ctx.size(n), ctx.size(start)
+        p = sz.padded if isinstance(sz, Sz) else sz
+        if isinstance(at, int) and at + p <= x.t.shape[dim]:
+            out = x.t.narrow(dim, at, p)
+        else:
+            first = at.rt if isinstance(at, Sz) else at
+            out = x.t.index_select(dim, (first + ctx.iota(p)).clamp(max=x.t.shape[dim] - 1))
+        dims = list(x.dims)
+        dims[dim] = ((p, sz if isinstance(sz, Sz) else None),)
+        res.append(PT(out, dims))
+        start = start + n
     return res
 
 
@@ -1426,36 +1455,178 @@ def _per_sample(node, args, kwargs, ctx):
     return tuple(res) if isinstance(out, (tuple, list)) else res[0]
 
 
-for _name in ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices",
-              "max_pool3d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "avg_pool3d",
-              "avg_pool3d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
-              "_adaptive_avg_pool3d_backward", "upsample_nearest2d", "upsample_bilinear2d", "_low_memory_max_pool2d_with_offsets",
-              "_low_memory_max_pool2d_offsets_to_indices", "max_unpool2d", "reflection_pad2d", "replication_pad2d",
-              "grid_sampler_2d", "im2col", "col2im", "pixel_shuffle", "pixel_unshuffle"):
+for _name in ("_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
+              "_adaptive_avg_pool3d_backward", "upsample_nearest2d", "upsample_bilinear2d",
+              "_low_memory_max_pool2d_with_offsets", "_low_memory_max_pool2d_offsets_to_indices", "max_unpool2d",
+              "reflection_pad2d", "replication_pad2d", "grid_sampler_2d", "im2col", "col2im", "pixel_shuffle",
+              "pixel_unshuffle"):
     _pk = getattr(aten, _name, None)
     if _pk is not None:
         _HANDLERS[_pk] = _per_sample
 
 
+def _spatial(node, x: PT, lead=2, channels=True):
+    """The padded dims of x past its batch and channel dims (dims lead..; each a single factor: a merged dim padded
+    inside puts padding inside a window); a convolution's channel dim (lead - 1, contracted) must hold no padding."""
+    if channels and x.tainted(lead - 1):
+        raise Unsupported(f"{node.target} with a padded channel dim")
+    dims = [d for d in range(lead, x.t.dim()) if x.tainted(d)]
+    if any(len(x.dims[d]) != 1 for d in dims):
+        raise Unsupported(f"{node.target} over a merged spatial dim padded inside")
+    return dims
+
+
+def _out_dims(ctx, x: PT, out, val, lead=2):
+    """A windowed op's result: the dims before the spatial ones as the input's, the rest from the op's symbolic
+    sizes (valid first)."""
+    dims = _fresh_dims(ctx, val, out)
+    for s_, f in zip(val.shape, dims):
+        if isinstance(s_, torch.SymInt) and f[0][1] is not None and f[0][1].padded != f[0][0]:
+            raise Unsupported(f"{val.shape} at the buckets is {tuple(out.shape)} on padded inputs")
+    return PT(out, list(x.dims[:lead - 1]) + dims[lead - 1:])
+
+
 @_handles(aten.convolution.default)
 def _convolution(node, args, kwargs, ctx):
+    """A convolution (also transposed) over padded spatial dims: the input's padding is zeroed, so a valid output
+    reads zeros past the true end as the op's own zero padding, and valid outputs come first."""
     x, w = args[0], args[1]
-    _batch_only(node, [x])
     if w.any_tainted or (isinstance(args[2], PT) and args[2].any_tainted):
         raise Unsupported("convolution with a padded weight")
-    out = node.target(*_padded(args))
-    return PT(out, [x.dims[0]] + [((s, None),) for s in out.shape[1:]])
+    sp = _spatial(node, x)
+    out = node.target(_fill(ctx, x, 0, sp) if sp else x.t, *_padded(args[1:]))
+    return _out_dims(ctx, x, out, _val(node))
 
 
 @_handles(aten.convolution_backward.default)
 def _convolution_backward(node, args, kwargs, ctx):
+    """The gradients with the output gradient's and the input's padding zeroed: a padded output (one that does not
+    exist at the exact size, though its window may cover valid inputs) adds 0 to every input and weight gradient,
+    and the weight and bias gradients sum over valid positions and samples only."""
     go, x, w = args[0], args[1], args[2]
-    _batch_only(node, [go, x])
-    # the weight and bias gradients sum over the samples: the padded ones contribute exactly 0
+    if w.any_tainted:
+        raise Unsupported("convolution_backward with a padded weight")
+    if _spatial(node, x) or _spatial(node, go):  # (also checks: no padded channels, no merged spatial dims)
+        # (bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+        _windows_agree(node, x, go, 2, w.t.shape[2:], args[4], args[5], args[6], transposed=args[7],
+                       out_pad=args[8])
     rest = _padded(args[3:])
-    gi, gw, gb = node.target(_fill(ctx, go, 0, [0]), _fill(ctx, x, 0, [0]), w.t, *rest)
+    gi, gw, gb = node.target(_fill(ctx, go, 0), _fill(ctx, x, 0), w.t, *rest)
     return (PT(gi, x.dims) if gi is not None else None, _plain(gw) if gw is not None else None,
             _plain(gb) if gb is not None else None)
+
+
+def _arg(args, kwargs, i, name, default):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _pool_lead(node, x: PT):
+    n = 3 if "3d" in str(node.target) else 2
+    return x.t.dim() - n + 1 if x.t.dim() == n + 1 else x.t.dim() - n
+
+
+def _pooled_dims(node, x: PT, ceil=False, pad=None, count_pad=True):
+    """The padded spatial dims of a pooling's input. An average's valid outputs must read only valid inputs and the
+    op's own padding: not with ceil_mode (the last window is clipped at the true end, and its divisor with it), nor
+    over a padded dim with padding that the divisor does not count (a maximum ignores what lies past the end)."""
+    lead = _pool_lead(node, x)
+    sp = _spatial(node, x, lead, channels=False)  # each plane pooled on its own: padded planes stay padding
+    if sp and ceil:
+        raise Unsupported(f"{node.target} with ceil_mode over a padded dim")
+    if sp and not count_pad and any(pad[(d - lead) % len(pad)] for d in sp):
+        raise Unsupported(f"{node.target} over a padded dim with padding the divisor does not count")
+    return lead, sp
+
+
+def _windows_agree(node, x: PT, go: PT, lead, k, st, pad, dil, ceil=False, transposed=False, out_pad=(0,)):
+    """A windowed op's backward: its output gradient's padded sizes must be the forward's output sizes on the padded
+    input (what the op assumes), not only the output's symbolic sizes at the buckets."""
+    for j, d in enumerate(range(lead, x.t.dim())):
+        kk, ss, pp, dd = (v[j % len(v)] for v in (k, st, pad, dil))
+        if transposed:
+            n = (x.t.shape[d] - 1) * ss - 2 * pp + dd * (kk - 1) + out_pad[j % len(out_pad)] + 1
+        else:
+            num = x.t.shape[d] + 2 * pp - dd * (kk - 1) - 1
+            n = (-(-num // ss) if ceil else num // ss) + 1
+            if ceil and (n - 1) * ss >= x.t.shape[d] + pp:
+                n -= 1
+        if n != go.t.shape[d]:
+            raise Unsupported(f"{node.target}: output size {n} on the padded input, {go.t.shape[d]} at the buckets")
+
+
+def _reindex(ctx, idx: PT, x: PT, lead, to_exact):
+    """max pooling's indices count flat positions over the input's spatial dims: re-counted between the padded
+    sizes (the op's, on padded planes) and the exact ones (the user's), digit by digit; the padding's become 0."""
+    padded = list(x.t.shape[lead:])
+    exact = []
+    for d in range(lead, x.t.dim()):
+        f = x.dims[d][0][1]
+        exact.append(f.rt if f is not None else x.t.shape[d])
+    src, dst = (padded, exact) if to_exact else (exact, padded)
+    rest, out, scale = idx.t, 0, 1
+    for n_src, n_dst in zip(reversed(src), reversed(dst)):
+        out = out + torch.remainder(rest, n_src) * scale
+        rest = torch.div(rest, n_src, rounding_mode="floor")
+        scale = scale * n_dst
+    return PT(_fill(ctx, PT(out.to(idx.t.dtype), idx.dims), 0), idx.dims)
+
+
+@_handles(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
+def _max_pool(node, args, kwargs, ctx):
+    """Max pooling over padded spatial dims: the padding reads as -inf (as the op's own padding), valid outputs come
+    first, the indices count exact positions."""
+    x = args[0]
+    lead, sp = _pooled_dims(node, x)
+    if not sp:
+        return _per_sample(node, args, kwargs, ctx)
+    fill = -math.inf if x.t.dtype.is_floating_point else torch.iinfo(x.t.dtype).min
+    out, idx = node.target(_fill(ctx, x, fill, sp), *_padded(args[1:]), **_padded(kwargs))
+    val = _val(node)
+    return _out_dims(ctx, x, out, val[0], lead), _reindex(ctx, _out_dims(ctx, x, idx, val[1], lead), x, lead, True)
+
+
+@_handles(aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default)
+def _max_pool_backward(node, args, kwargs, ctx):
+    """The padded outputs' gradients are zeroed (an output past the true end may have picked a valid input)."""
+    go, x = args[0], args[1]
+    lead, sp = _pooled_dims(node, x)
+    if not sp and not go.any_tainted:
+        return _per_sample(node, args, kwargs, ctx)
+    k, st, pad, dil = (list(_arg(args, kwargs, i, n, dflt)) for i, n, dflt in
+                       ((2, "kernel_size", None), (3, "stride", []), (4, "padding", [0]), (5, "dilation", [1])))
+    st = st or k
+    ceil = _arg(args, kwargs, 6, "ceil_mode", False)
+    _windows_agree(node, x, go, lead, k, st, pad, dil, ceil)
+    args = list(args)
+    args[7] = _reindex(ctx, args[7], x, lead, False)
+    gi = node.target(_fill(ctx, go, 0), x.t, *_padded(args[2:]), **_padded(kwargs))
+    return PT(gi, x.dims)
+
+
+@_handles(aten.avg_pool2d.default, aten.avg_pool3d.default)
+def _avg_pool(node, args, kwargs, ctx):
+    """Average pooling over a padded spatial dim: the padding reads as 0 (as the op's own padding), and without
+    ceil_mode a valid output's window ends inside the true end plus the op's padding, so its divisor is exact."""
+    x = args[0]
+    lead, sp = _pooled_dims(node, x, _arg(args, kwargs, 4, "ceil_mode", False), list(_arg(args, kwargs, 3, "padding",
+                            [0])), _arg(args, kwargs, 5, "count_include_pad", True))
+    if not sp:
+        return _per_sample(node, args, kwargs, ctx)
+    out = node.target(_fill(ctx, x, 0, sp), *_padded(args[1:]), **_padded(kwargs))
+    return _out_dims(ctx, x, out, _val(node), lead)
+
+
+@_handles(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
+def _avg_pool_backward(node, args, kwargs, ctx):
+    go, x = args[0], args[1]
+    pad = list(_arg(args, kwargs, 4, "padding", [0]))
+    lead, sp = _pooled_dims(node, x, _arg(args, kwargs, 5, "ceil_mode", False), pad,
+                            _arg(args, kwargs, 6, "count_include_pad", True))
+    if not sp and not go.any_tainted:
+        return _per_sample(node, args, kwargs, ctx)
+    k = list(args[2])
+    _windows_agree(node, x, go, lead, k, list(args[3]) or k, pad, [1])
+    return PT(node.target(_fill(ctx, go, 0), x.t, *_padded(args[2:]), **_padded(kwargs)), x.dims)
 
 
 @_handles(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit_no_training.default)

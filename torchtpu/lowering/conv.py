@@ -102,7 +102,10 @@ def convolution(tr, x, w, b, stride, padding, dilation, transposed, output_paddi
 
 def _conv_backward_meta(g, x, w, stride, padding, dilation, transposed, output_padding, groups, output_mask):
     bias = torch.empty((w.shape[1] * groups if transposed else w.shape[0],), dtype=g.dtype, device="meta")
-    return torch.empty_like(x), torch.empty_like(w), bias
+    # an output left out of output_mask is undefined, as CPU's (aten's 1-d convolution_backward views a defined
+    # grad_input back to 1-d only when it was asked for: a 4-d one would reach autograd)
+    outs = (torch.empty_like(x), torch.empty_like(w), bias)
+    return tuple(o if m else None for o, m in zip(outs, output_mask))
 
 
 META["convolution_backward_overrideable"] = _conv_backward_meta
@@ -125,5 +128,5 @@ def convolution_backward(tr, g, x, w, stride, padding, dilation, transposed, out
     dt = g.dtype
     gx, gw = jaxfn.call(tr, "conv_bwd", bwd, [E.convert(x, dt), E.convert(w, dt), g],
                         _static(stride, padding, dilation, transposed, output_padding, groups, g.shape))
-    gb = reduce(g, [d for d in range(g.rank) if d != 1], "add", False)
-    return gx, gw, gb
+    gb = reduce(g, [d for d in range(g.rank) if d != 1], "add", False) if output_mask[2] else None
+    return tuple(v if m else None for v, m in zip((gx, gw, gb), output_mask))
