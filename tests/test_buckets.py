@@ -343,6 +343,9 @@ def test_convolutions_and_pooling_over_padded_lengths_and_image_sizes():
                           nn.AvgPool2d(2))
     # a varying height and width: max pooling's indices over a plane padded inside count exact positions
     _check(lambda x: image(x).sum(), [(torch.randn(2, 3, h, w, requires_grad=True),) for h, w in ((19, 23), (27, 30))])
+    # unbatched planes [C, H, W]: the spatial dims start at dim 1
+    _check(lambda x: F.max_pool2d(x, 2).sum() + F.avg_pool2d(x, 3, 1, 1).sum(),
+           [(torch.randn(3, h, 4, requires_grad=True),) for h in (5, 7, 6)])
 
 
 @pytest.mark.one_pass("strict")  # no device: the same in both passes

@@ -895,15 +895,12 @@ def _select_along(node, args, kwargs, ctx):
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
     dim = dim % max(x.t.dim(), 1)
     if x.tainted(dim) and node.target is not aten.topk.default:
-        if node.target is aten.sort.stable:
-            desc = kwargs.get("descending", False)
-        else:
-            desc = args[2] if len(args) > 2 else kwargs.get("descending", False)
+        desc = kwargs.get("descending", False) if node.target is aten.sort.stable else \
+            _arg(args, kwargs, 2, "descending", False)
         return _sort_padded(ctx, x, dim, desc)
     if x.tainted(dim):
         # the k first of a sort (Dynamo guards k <= the true size, as PyTorch raises past it)
-        largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
-        values, indices = _sort_padded(ctx, x, dim, largest)
+        values, indices = _sort_padded(ctx, x, dim, _arg(args, kwargs, 3, "largest", True))
         k = args[1]
         dims = [((k, None),) if d == dim else f for d, f in enumerate(values.dims)]
         return PT(values.t.narrow(dim, 0, k), dims), PT(indices.t.narrow(dim, 0, k), dims)
@@ -1521,8 +1518,8 @@ def _arg(args, kwargs, i, name, default):
 
 
 def _pool_lead(node, x: PT):
-    n = 3 if "3d" in str(node.target) else 2
-    return x.t.dim() - n + 1 if x.t.dim() == n + 1 else x.t.dim() - n
+    """The first spatial dim of a pooling's input ([N, C, *spatial] or unbatched [C, *spatial])."""
+    return x.t.dim() - (3 if "3d" in str(node.target) else 2)
 
 
 def _pooled_dims(node, x: PT, ceil=False, pad=None, count_pad=True):
@@ -1590,7 +1587,7 @@ def _max_pool_backward(node, args, kwargs, ctx):
     """The padded outputs' gradients are zeroed (an output past the true end may have picked a valid input)."""
     go, x = args[0], args[1]
     lead, sp = _pooled_dims(node, x)
-    if not sp and not go.any_tainted:
+    if not sp:
         return _per_sample(node, args, kwargs, ctx)
     k, st, pad, dil = (list(_arg(args, kwargs, i, n, dflt)) for i, n, dflt in
                        ((2, "kernel_size", None), (3, "stride", []), (4, "padding", [0]), (5, "dilation", [1])))
@@ -1622,7 +1619,7 @@ def _avg_pool_backward(node, args, kwargs, ctx):
     pad = list(_arg(args, kwargs, 4, "padding", [0]))
     lead, sp = _pooled_dims(node, x, _arg(args, kwargs, 5, "ceil_mode", False), pad,
                             _arg(args, kwargs, 6, "count_include_pad", True))
-    if not sp and not go.any_tainted:
+    if not sp:
         return _per_sample(node, args, kwargs, ctx)
     k = list(args[2])
     _windows_agree(node, x, go, lead, k, list(args[3]) or k, pad, [1])
