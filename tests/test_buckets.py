@@ -29,10 +29,12 @@ def _fresh_dynamo():
 
 
 # -- the interpreter on the CPU ----------------------------------------------------------------------------------------
-def _check(fn, calls):
+def _check(fn, calls, dynamic_dims=None):
     report = []
-    f = torch.compile(fn, backend=checking_backend(report), dynamic=True)
+    f = torch.compile(fn, backend=checking_backend(report), dynamic=dynamic_dims is None or None)
     for args in calls:
+        for d in dynamic_dims or ():
+            torch._dynamo.mark_dynamic(args[0], d)
         out = f(*args)
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.sum().backward()
@@ -357,3 +359,50 @@ def test_topk_select_and_split_along_a_padded_dim():
         return v.sum() + i.float().sum() + last + a.sum() + b.amax(1).sum() + c.sum()
 
     _check(fn, [(torch.randn(3, n, requires_grad=True),) for n in (5, 7, 11)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_pooling_upsampling_and_padding_over_padded_planes():
+    # the batch and channels vary, the spatial sizes do not: each plane is computed on its own, padding stays padding
+    def fn(x):
+        y = F.max_pool2d(x, 2) + F.avg_pool2d(x, 2) + F.adaptive_avg_pool2d(x, (3, 3))
+        z = F.interpolate(y, scale_factor=2, mode="bilinear") + F.interpolate(y, scale_factor=2, mode="nearest")
+        n = F.instance_norm(x)  # each (sample, channel) plane's statistics: batch norm over [1, B*C, H, W]
+        return F.pad(z, (1, 1, 2, 0), mode="reflect").sum() + F.max_pool1d(x.flatten(2), 4).sum() + (n * n).sum()
+
+    _check(fn, [(torch.randn(b, c, 6, 6, requires_grad=True),) for b, c in ((2, 3), (3, 5), (5, 7))], (0, 1))
+
+
+def test_compiled_max_pool1d_over_varying_lengths_is_one_frame():
+    # torch's C++ max_pool1d reads its output length as an int (a guard per length: a new Dynamo frame each): on tpu
+    # it is traced as max_pool1d_with_indices, which keeps the length symbolic
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv1d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool1d(2), nn.AvgPool1d(2))
+    model = copy.deepcopy(ref).to("tpu")
+    f = torch.compile(model, backend="tpu", dynamic=True)
+    torchtpu.metrics.reset()
+    torch._dynamo.utils.counters.clear()
+    for n in (40, 37, 55, 61, 45):  # one bucket (64)
+        x = torch.randn(2, 3, n)
+        a = f(x.to("tpu")).mean(-1).sum()
+        a.backward()
+        b = ref(x).mean(-1).sum()
+        b.backward()
+        assert abs(float(a) - float(b)) < 1e-5
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    c = _counters()
+    assert c.get("compile.bucketed_captures") == 2 and not c.get("compile.bucket_declined")  # forward and backward
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_norms_products_and_index_select_along_a_padded_dim():
+    def fn(x, i):
+        n = x.norm(dim=1) + torch.linalg.vector_norm(x, ord=-1.5, dim=1) + x.norm(p=float("inf")) + x.norm()
+        c = F.normalize(x, dim=1) + F.cosine_similarity(x, x.flip(1), dim=1).unsqueeze(1)
+        p = (x.detach().abs() + 0.5).prod() + x.max() - x.min()  # (prod's backward slices: declined)
+        s = x.index_select(1, i).sum() + x.t().index_select(0, i).sum() + x.repeat(2, 3).sum(1).mean()
+        return n.sum() + c.sum() + p + s
+
+    _check(fn, [(torch.randn(3, n, requires_grad=True), torch.tensor([0, 2, 1])) for n in (5, 7, 11)])

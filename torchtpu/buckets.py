@@ -578,13 +578,18 @@ def _call_pointwise(node, args, kwargs, ctx):
     if _has_sz(args) or _has_sz(kwargs):
         # a Scalar overload given a runtime value: call its Tensor overload
         name = target.overloadpacket
+        dev = next((x.device for x in a if isinstance(x, torch.Tensor)), None)
+        # clamp(x, 0, s - 1): its Tensor overload takes both bounds as tensors
+        wrapped = [a[0], *(torch.tensor(x, device=dev) if isinstance(x, (int, float)) and not isinstance(x, bool)
+                           else x for x in a[1:])]
         for ov in ("Tensor", "Tensor_Tensor", "Scalar_Tensor", "Tensor_Scalar"):
             alt = getattr(name, ov, None) if hasattr(name, ov) else None
             if alt is not None:
-                try:
-                    return alt(*a, **k)
-                except (RuntimeError, TypeError):
-                    continue
+                for cand in (a, wrapped):
+                    try:
+                        return alt(*cand, **k)
+                    except (RuntimeError, TypeError):
+                        continue
         raise Unsupported(f"{target} with a runtime size as a value")
     return target(*a, **k)
 
@@ -768,6 +773,23 @@ def _squeeze(node, args, kwargs, ctx):
     return PT(out, [f for d, f in enumerate(x.dims) if d not in drop])
 
 
+@_handles(aten.repeat.default)
+def _repeat(node, args, kwargs, ctx):
+    """Tiling: a padded dim repeated r times is r padded blocks (a dim padded inside)."""
+    x, reps = args[0], list(args[1])
+    out = x.t.repeat(_padded(reps))
+    new = len(reps) - x.t.dim()
+    dims = [((r.padded, r),) if isinstance(r, Sz) else ((r, None),) for r in reps[:new]]
+    for f, r, s in zip(x.dims, reps[new:], x.t.shape):
+        if isinstance(r, Sz):  # a symbolic count of blocks: the valid blocks first (instance norm's weight per sample)
+            if any(v is not None for _, v in f):
+                raise Unsupported(f"{node.target} of a padded dim by a symbolic count")
+            dims.append(((r.padded, r), (s, None)))
+        else:
+            dims.append(f if r == 1 else ((r * s, None),) if all(v is None for _, v in f) else ((r, None),) + tuple(f))
+    return PT(out, dims)
+
+
 @_handles(aten.expand.default, aten.expand_copy.default)
 def _expand(node, args, kwargs, ctx):
     x = args[0]
@@ -817,7 +839,8 @@ def _count(ctx, x, rdims):
 
 @_handles(aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default, aten.any.dim,
           aten.any.dims, aten.any.default, aten.all.dim, aten.all.default, aten.prod.dim_int, aten.mean.dim,
-          aten.mean.default, aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim)
+          aten.mean.default, aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim, aten.prod.default,
+          aten.max.default, aten.min.default)
 def _reduction(node, args, kwargs, ctx):
     x = args[0]
     name = node.target.overloadpacket.__name__
@@ -843,6 +866,20 @@ def _reduction(node, args, kwargs, ctx):
     if isinstance(out, tuple):
         return tuple(PT(o, _kept(x, rdims, keepdim)) for o in out)
     return PT(out, _kept(x, rdims, keepdim))
+
+
+@_handles(aten.linalg_vector_norm.default)
+def _vector_norm(node, args, kwargs, ctx):
+    """A p-norm reads the padding as a zero (|0|^p adds nothing, max |x| is not raised); a negative order or -inf
+    (|x|^p of 0 is inf, min |x| would be 0) reads it as inf instead."""
+    x = args[0]
+    order = _arg(args, kwargs, 1, "ord", 2)
+    if isinstance(order, (Sz, Rt)):
+        raise Unsupported(f"{node.target} with a runtime order")
+    rdims = _reduce_dims(x, _arg(args, kwargs, 2, "dim", None))
+    keepdim = _arg(args, kwargs, 3, "keepdim", False)
+    xs = _fill(ctx, x, math.inf if order < 0 else 0, rdims) if any(x.tainted(d) for d in rdims) else x.t
+    return PT(node.target(xs, *_padded(args[1:]), **_padded(kwargs)), _kept(x, rdims, keepdim))
 
 
 @_handles(aten.var.correction, aten.var_mean.correction)
@@ -1211,8 +1248,12 @@ def _index_put(node, args, kwargs, ctx):
     # the padding's rows add 0 (at index 0); a valid index points at a valid position of x (its indexed dims keep their
     # valid values first: _prefixed), so x's own padding may stay as it is
     idx = [None if i is None else torch.where(_mask(ctx, i), i.t, 0) if i.any_tainted else i.t for i in indices]
+    # the mask at the indices' place in the result (after x's leading dims when the indices are adjacent, else
+    # first); values broadcast to the result's rank against it
     nb = m.dim()
-    vm = m.view(list(m.shape) + [1] * (values.t.dim() - nb)) if values.t.dim() >= nb else m
+    start = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
+    rank = x.t.dim() - len(pos) + nb
+    vm = m.view([1] * start + list(m.shape) + [1] * (rank - start - nb))
     vals = torch.where(vm, values.t, torch.zeros((), dtype=values.t.dtype, device=values.t.device))
     out = node.target(x.t, idx, vals, True)
     return PT(out, x.dims)
@@ -1245,6 +1286,17 @@ def _index(node, args, kwargs, ctx):
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     dims = rest_before + bdims + rest_after if adjacent else bdims + [f for d, f in enumerate(x.dims) if d not in pos]
     return PT(out, dims)
+
+
+@_handles(aten.index_select.default)
+def _index_select(node, args, kwargs, ctx):
+    """x.index_select(dim, i) is x[:, ..., i]: advanced indexing's rule."""
+    x, dim, index = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
+    if not isinstance(index, PT):
+        index = _plain(index)
+    if index.t.dim() == 0:  # the dim stays, of size 1
+        index = _unsqueeze(node, (index, 0), {}, ctx)
+    return _index(node, (x, [None] * dim + [index]), {}, ctx)
 
 
 @_handles(aten.select.int)
@@ -1452,14 +1504,38 @@ def _per_sample(node, args, kwargs, ctx):
     return tuple(res) if isinstance(out, (tuple, list)) else res[0]
 
 
-for _name in ("_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
-              "_adaptive_avg_pool3d_backward", "upsample_nearest2d", "upsample_bilinear2d",
-              "_low_memory_max_pool2d_with_offsets", "_low_memory_max_pool2d_offsets_to_indices", "max_unpool2d",
-              "reflection_pad2d", "replication_pad2d", "grid_sampler_2d", "im2col", "col2im", "pixel_shuffle",
-              "pixel_unshuffle"):
+def _per_plane(node, args, kwargs, ctx, lead=None):
+    """An op that computes each plane (the dims before its spatial ones: batch and channels) on its own, over spatial
+    dims without padding (pooling, upsampling, padding, their input gradients): padded samples and channels stay
+    padding, so each tensor argument's planes must be laid out as the input's."""
+    x, name = args[0], str(node.target)
+    lead = x.t.dim() - (1 if "1d" in name else 3 if "3d" in name else 2) if lead is None else lead
+    for a in _flat(args, kwargs):
+        if not isinstance(a, PT):
+            continue
+        if any(a.tainted(d) for d in range(lead, a.t.dim())):
+            raise Unsupported(f"{node.target} over a padded spatial dim")
+        if a.t.dim() != x.t.dim() or not all(_same_factors(a.dims[d], x.dims[d]) for d in range(lead)):
+            raise Unsupported(f"{node.target} with arguments whose planes are padded differently")
+    out = node.target(*_padded(args), **_padded(kwargs))
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    res = [PT(o, list(x.dims[:lead]) + [((s, None),) for s in o.shape[lead:]])
+           if o.dim() == x.t.dim() and tuple(o.shape[:lead]) == tuple(x.t.shape[:lead]) else _plain(o) for o in outs]
+    return tuple(res) if isinstance(out, (tuple, list)) else res[0]
+
+
+for _name, _fn in (("_adaptive_avg_pool2d", _per_plane), ("_adaptive_avg_pool2d_backward", _per_plane),
+                   ("_adaptive_avg_pool3d", _per_plane), ("_adaptive_avg_pool3d_backward", _per_plane),
+                   ("upsample_nearest2d", _per_plane), ("upsample_bilinear2d", _per_plane),
+                   ("_low_memory_max_pool2d_with_offsets", _per_plane),
+                   ("_low_memory_max_pool2d_offsets_to_indices", _per_sample), ("max_unpool2d", _per_plane),
+                   *((f"{_k}_pad{_n}d{_b}", _per_plane) for _k in ("reflection", "replication") for _n in (1, 2, 3)
+                     for _b in ("", "_backward")),
+                   ("grid_sampler_2d", _per_sample), ("im2col", _per_sample), ("col2im", _per_sample),
+                   ("pixel_shuffle", _per_sample), ("pixel_unshuffle", _per_sample)):
     _pk = getattr(aten, _name, None)
     if _pk is not None:
-        _HANDLERS[_pk] = _per_sample
+        _HANDLERS[_pk] = _fn
 
 
 def _spatial(node, x: PT, lead=2, channels=True):
@@ -1575,7 +1651,7 @@ def _max_pool(node, args, kwargs, ctx):
     x = args[0]
     lead, sp = _pooled_dims(node, x)
     if not sp:
-        return _per_sample(node, args, kwargs, ctx)
+        return _per_plane(node, args, kwargs, ctx, lead)
     fill = -math.inf if x.t.dtype.is_floating_point else torch.iinfo(x.t.dtype).min
     out, idx = node.target(_fill(ctx, x, fill, sp), *_padded(args[1:]), **_padded(kwargs))
     val = _val(node)
@@ -1588,7 +1664,7 @@ def _max_pool_backward(node, args, kwargs, ctx):
     go, x = args[0], args[1]
     lead, sp = _pooled_dims(node, x)
     if not sp:
-        return _per_sample(node, args, kwargs, ctx)
+        return _per_plane(node, args, kwargs, ctx, lead)
     k, st, pad, dil = (list(_arg(args, kwargs, i, n, dflt)) for i, n, dflt in
                        ((2, "kernel_size", None), (3, "stride", []), (4, "padding", [0]), (5, "dilation", [1])))
     st = st or k
@@ -1608,7 +1684,7 @@ def _avg_pool(node, args, kwargs, ctx):
     lead, sp = _pooled_dims(node, x, _arg(args, kwargs, 4, "ceil_mode", False), list(_arg(args, kwargs, 3, "padding",
                             [0])), _arg(args, kwargs, 5, "count_include_pad", True))
     if not sp:
-        return _per_sample(node, args, kwargs, ctx)
+        return _per_plane(node, args, kwargs, ctx, lead)
     out = node.target(_fill(ctx, x, 0, sp), *_padded(args[1:]), **_padded(kwargs))
     return _out_dims(ctx, x, out, _val(node), lead)
 
@@ -1620,7 +1696,7 @@ def _avg_pool_backward(node, args, kwargs, ctx):
     lead, sp = _pooled_dims(node, x, _arg(args, kwargs, 5, "ceil_mode", False), pad,
                             _arg(args, kwargs, 6, "count_include_pad", True))
     if not sp:
-        return _per_sample(node, args, kwargs, ctx)
+        return _per_plane(node, args, kwargs, ctx, lead)
     k = list(args[2])
     _windows_agree(node, x, go, lead, k, list(args[3]) or k, pad, [1])
     return PT(node.target(_fill(ctx, go, 0), x.t, *_padded(args[2:]), **_padded(kwargs)), x.dims)
@@ -1652,6 +1728,20 @@ def _batch_norm(node, args, kwargs, ctx):
     new_rm = rm * (1 - momentum) + mean.to(rm.dtype) * momentum
     new_rv = rv * (1 - momentum) + (var * n / (n - 1)).to(rv.dtype) * momentum
     return PT(out.to(x.t.dtype), x.dims), _plain(mean), _plain(rstd), _plain(new_rm), _plain(new_rv)
+
+
+@_handles(aten._native_batch_norm_legit.no_stats)
+def _batch_norm_no_stats(node, args, kwargs, ctx):
+    """Batch statistics without running ones (instance norm views [B, C, L] as [1, B*C, L]): each channel's on its
+    own, so padded channels stay padding; a padded dim read into the statistics is not taken."""
+    x = args[0]
+    if any(x.tainted(d) for d in range(x.t.dim()) if d != 1):
+        raise Unsupported(f"{node.target} with a padded dim other than the channels")
+    for a in args[1:3]:
+        if isinstance(a, PT) and not _same_factors(a.dims[0], x.dims[1]):
+            raise Unsupported(f"{node.target} with a weight padded unlike the channels")
+    out = node.target(*_padded(args), **_padded(kwargs))
+    return (PT(out[0], x.dims),) + tuple(PT(o, [x.dims[1]]) for o in out[1:])
 
 
 # -- attention ---------------------------------------------------------------------------------------------------------

@@ -61,7 +61,26 @@ def _register_fake_impls() -> None:
         return FakeTensor(fake_mode, out, args[0].device)
 
 
+def _register_traced_decompositions() -> None:
+    """Decompositions that Dynamo and AOTAutograd trace (the Python dispatcher) in place of torch's C++ composite
+    kernels where those read a size as a plain int, which pins a symbolic size to its value (one frame per size):
+    `max_pool1d`'s C++ shape check guards its output length (`F.max_pool1d` over a varying length re-traced every
+    new length). On tpu tensors only; elsewhere torch's own kernel runs, as before."""
+    from torch._C import DispatchKey
+
+    aten = torch.ops.aten
+    composite = DispatchKey.CompositeImplicitAutograd
+
+    @aten.max_pool1d.default.py_impl(composite)
+    def _max_pool1d(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+        if x.device.type != "tpu":
+            return aten.max_pool1d.default._op_dk(composite, x, kernel_size, stride, padding, dilation, ceil_mode)
+        # the same values and checks (max_pool1d_with_indices validates its arguments as max_pool1d does)
+        return aten.max_pool1d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
 _register_fake_impls()
+_register_traced_decompositions()
 
 
 class TpuGraph:
