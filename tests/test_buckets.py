@@ -406,3 +406,17 @@ def test_norms_products_and_index_select_along_a_padded_dim():
         return n.sum() + c.sum() + p + s
 
     _check(fn, [(torch.randn(3, n, requires_grad=True), torch.tensor([0, 2, 1])) for n in (5, 7, 11)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_scatter_and_gather_of_a_varying_number_of_rows():
+    # a varying number of rows scattered into a fixed table (segment sums, MoE combine), and the backward of sort
+    # and gather along a padded dim (scatters with an index padded along the scattered dim)
+    def fn(x, seg):
+        table = torch.zeros(4, x.shape[1]).scatter_add(0, seg.unsqueeze(1).expand_as(x), x)
+        top = torch.full((4, x.shape[1]), -1e9).scatter_reduce(0, seg.unsqueeze(1).expand_as(x), x, "amax")
+        v, i = x.sort(0)
+        g = x.gather(0, i.flip(0))
+        return table.sum() + (top * top).sum() + (v * torch.arange(x.shape[0]).unsqueeze(1)).sum() + (g * g).sum()
+
+    _check(fn, [(torch.randn(n, 3, requires_grad=True), torch.randint(0, 4, (n,))) for n in (5, 7, 11)])

@@ -1181,9 +1181,9 @@ def _embedding(node, args, kwargs, ctx):
 @_handles(aten.gather.default)
 def _gather(node, args, kwargs, ctx):
     x, dim, idx = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
-    if idx.tainted(dim):
-        raise Unsupported("gather with an index padded along the gathered dim")
-    x = _prefixed(ctx, x, [dim])
+    if idx.t.dim() != x.t.dim():
+        raise Unsupported(f"{node.target} with an index of another rank")
+    x = _prefixed(ctx, x, [dim])  # an index padded along dim too: its padding gathers position 0 into the padding
     _aligned(node, x, idx, dim)
     it = _fill(ctx, idx, 0)
     out = torch.gather(x.t, dim, it, **kwargs)
@@ -1192,14 +1192,20 @@ def _gather(node, args, kwargs, ctx):
     return PT(out, dims)
 
 
-@_handles(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
+@_handles(aten.scatter.value, aten.scatter.src, aten.scatter_add.default, aten.scatter_reduce.two)
 def _scatter(node, args, kwargs, ctx):
+    """Along other dims the index's padding lies over x's; an index padded along the scattered dim (a varying
+    number of rows scattered into a fixed table) sends its padding to one extra position past x's end, dropped."""
     x, dim, idx = args[0], args[1] % max(args[0].t.dim(), 1), args[2]
-    if idx.tainted(dim):
-        raise Unsupported(f"{node.target} with an index padded along the scattered dim")
+    if idx.t.dim() != x.t.dim():
+        raise Unsupported(f"{node.target} with an index of another rank")
+    trash = idx.tainted(dim)
     for d in range(idx.t.dim()):
-        if idx.tainted(d) and not _same_factors(idx.dims[d], x.dims[d]):
-            raise Unsupported(f"{node.target}: index and self padded differently")
+        if d != dim and idx.tainted(d) and not _same_factors(idx.dims[d], x.dims[d]):
+            # an index smaller than x along d, padded there on its own: its padding would land on valid positions
+            if idx.t.shape[d] > x.t.shape[d] or not (_prefix(x, d) and _prefix(idx, d)):
+                raise Unsupported(f"{node.target}: index and self padded differently")
+            trash = True
     x = _prefixed(ctx, x, [dim])
     _aligned(node, x, idx, dim)
     src = args[3] if len(args) > 3 else None
@@ -1213,8 +1219,12 @@ def _scatter(node, args, kwargs, ctx):
                 raise Unsupported(f"{node.target}: index and source of different sizes along a padded dim {d}")
         args = list(args[:3]) + [src] + list(args[4:])
     rest = [a.t if isinstance(a, PT) else a for a in args[3:]]
-    out = node.target(x.t, dim, _fill(ctx, idx, 0), *rest)
-    return PT(out, x.dims)
+    if not trash:
+        return PT(node.target(x.t, dim, _fill(ctx, idx, 0), *rest, **kwargs), x.dims)
+    n0 = x.t.shape[dim]
+    xt = torch.cat([x.t, torch.zeros_like(x.t.narrow(dim, 0, 1))], dim)
+    it = torch.where(_mask(ctx, idx), idx.t, n0)
+    return PT(node.target(xt, dim, it, *rest, **kwargs).narrow(dim, 0, n0), x.dims)
 
 
 @_handles(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default)
