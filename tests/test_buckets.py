@@ -420,3 +420,14 @@ def test_scatter_and_gather_of_a_varying_number_of_rows():
         return table.sum() + (top * top).sum() + (v * torch.arange(x.shape[0]).unsqueeze(1)).sum() + (g * g).sum()
 
     _check(fn, [(torch.randn(n, 3, requires_grad=True), torch.randint(0, 4, (n,))) for n in (5, 7, 11)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_replicate_and_circular_padding_and_slices_short_of_the_end():
+    def fn(x):
+        p = F.pad(x, (2, 3), mode="replicate") * 1.5 + F.pad(x, (2, 3), mode="circular")  # a padded spatial dim
+        d = torch.diff(x, dim=2)  # backward: slice_scatter of a source short of the base's end
+        t = torch.trapezoid(x, dim=2)
+        return (p * p).sum() + (d * d).sum() + t.sum()
+
+    _check(fn, [(torch.randn(2, 3, n, requires_grad=True),) for n in (5, 7, 11)])

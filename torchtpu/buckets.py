@@ -678,7 +678,7 @@ def _factory(node, args, kwargs, ctx):
 for _op in (aten.arange.start_step, aten.arange.start, aten.arange.default, aten.full.default, aten.zeros.default,
             aten.ones.default, aten.empty.memory_format, aten.scalar_tensor.default, aten.new_zeros.default,
             aten.new_ones.default, aten.new_full.default, aten.new_empty.default, aten.empty_strided.default,
-            aten.empty_permuted.default, torch.ops.prims.iota.default):
+            aten.empty_permuted.default, aten.new_empty_strided.default, torch.ops.prims.iota.default):
     _HANDLERS[_op] = _factory
 
 
@@ -1361,15 +1361,26 @@ def _slice_scatter(node, args, kwargs, ctx):
     start = args[3] if len(args) > 3 else None
     step = args[5] if len(args) > 5 else 1
     if base.tainted(dim) or src.tainted(dim):
-        if step != 1 or isinstance(start, Sz) or (start or 0) < 0 or len(base.dims[dim]) != 1 or \
+        if step != 1 or (not isinstance(start, Sz) and (start or 0) < 0) or len(base.dims[dim]) != 1 or \
                 len(src.dims[dim]) != 1:
-            raise Unsupported("slice_scatter into a padded dim other than [k:end]")
+            raise Unsupported("slice_scatter into a padded dim other than [k:end] or [k:k+n]")
         # the source's padding lands in the base's padding only if the source reaches the base's end
         lb, ls = _valid_expr(base.dims[dim][0]), _valid_expr(src.dims[dim][0])
         lb = base.dims[dim][0][0] if lb is None else lb
         ls = src.dims[dim][0][0] if ls is None else ls
-        if sympy.simplify(sympy.sympify(lb) - sympy.sympify(ls) - (start or 0)) != 0:
-            raise Unsupported("slice_scatter of a padded source short of the base's end")
+        if isinstance(start, Sz) or sympy.simplify(sympy.sympify(lb) - sympy.sympify(ls) - (start or 0)) != 0:
+            # short of the end (diff's, trapz's backward), or at a runtime start: base positions [start, start + n)
+            # take the source's valid values, all others keep the base's
+            if any(d != dim and not _same_factors(base.dims[d], src.dims[d]) for d in range(base.t.dim())):
+                raise Unsupported("slice_scatter of a source padded unlike the base")
+            n = base.t.shape[dim]
+            rel = ctx.iota(n) - (start.rt if isinstance(start, Sz) else (start or 0))
+            f = src.dims[dim][0]
+            inside = (rel >= 0) & (rel < (f[1].rt if f[1] is not None else f[0]))
+            taken = src.t.index_select(dim, rel.clamp(0, src.t.shape[dim] - 1))
+            shape = [1] * base.t.dim()
+            shape[dim] = n
+            return PT(torch.where(inside.view(shape), taken, base.t), base.dims)
     out = node.target(*_padded(args))
     return PT(out, _broadcast_dims(node, [base], out, ctx))
 
@@ -1534,13 +1545,44 @@ def _per_plane(node, args, kwargs, ctx, lead=None):
     return tuple(res) if isinstance(out, (tuple, list)) else res[0]
 
 
+def _replication_pad_backward(node, args, kwargs, ctx):
+    """Over a padded spatial dim: each output gradient position adds into the input position it copied (its
+    position less the left pad, clamped to the true size), one spatial dim at a time; the output gradient's
+    padding adds into one extra position, dropped."""
+    go, x, pad = args[0], args[1], list(args[2])
+    k = len(pad) // 2
+    lead = x.t.dim() - k
+    if not any(x.tainted(d) or go.tainted(d) for d in range(lead, x.t.dim())):
+        return _per_plane(node, args, kwargs, ctx, lead)
+    if any(isinstance(p, Sz) or p < 0 for p in pad):
+        raise Unsupported(f"{node.target} by a symbolic or negative amount")
+    if go.t.dim() != x.t.dim() or not all(_same_factors(go.dims[d], x.dims[d]) for d in range(lead)):
+        raise Unsupported(f"{node.target} with arguments whose planes are padded differently")
+    g = go.t
+    for j in range(k):
+        d = x.t.dim() - 1 - j
+        left, right = pad[2 * j], pad[2 * j + 1]
+        if len(x.dims[d]) != 1 or len(go.dims[d]) != 1:
+            raise Unsupported(f"{node.target} over a merged padded dim")
+        n_in = x.t.shape[d]
+        valid = x.dims[d][0][1].rt if x.dims[d][0][1] is not None else n_in
+        pos = ctx.iota(g.shape[d])
+        idx = torch.minimum((pos - left).clamp(min=0), torch.as_tensor(valid, device=pos.device) - 1)
+        idx = torch.where(pos < valid + left + right, idx, n_in)
+        shape = list(g.shape)
+        shape[d] = n_in + 1
+        g = g.new_zeros(shape).index_add(d, idx, g).narrow(d, 0, n_in)
+    return PT(g, x.dims)
+
+
 for _name, _fn in (("_adaptive_avg_pool2d", _per_plane), ("_adaptive_avg_pool2d_backward", _per_plane),
                    ("_adaptive_avg_pool3d", _per_plane), ("_adaptive_avg_pool3d_backward", _per_plane),
                    ("upsample_nearest2d", _per_plane), ("upsample_bilinear2d", _per_plane),
                    ("_low_memory_max_pool2d_with_offsets", _per_plane),
                    ("_low_memory_max_pool2d_offsets_to_indices", _per_sample), ("max_unpool2d", _per_plane),
                    *((f"{_k}_pad{_n}d{_b}", _per_plane) for _k in ("reflection", "replication") for _n in (1, 2, 3)
-                     for _b in ("", "_backward")),
+                     for _b in ("", "_backward") if (_k, _b) != ("replication", "_backward")),
+                   *((f"replication_pad{_n}d_backward", _replication_pad_backward) for _n in (1, 2, 3)),
                    ("grid_sampler_2d", _per_sample), ("im2col", _per_sample), ("col2im", _per_sample),
                    ("pixel_shuffle", _per_sample), ("pixel_unshuffle", _per_sample)):
     _pk = getattr(aten, _name, None)
