@@ -45,9 +45,10 @@ def checking_backend(report):
             def call(args):
                 want = gm(*args)
                 values = plan.values(args)
-                flats = [garbage_flat(a, plan.capacity(plan.in_shapes[i][1], values))
-                         if isinstance(a, torch.Tensor) and plan.padded_input(i) else None for i, a in enumerate(args)]
                 try:
+                    flats = [garbage_flat(a, plan.capacity(plan.in_shapes[i][1], values))
+                             if isinstance(a, torch.Tensor) and plan.padded_input(i) else None
+                             for i, a in enumerate(args)]
                     got = buckets.exact_outputs(plan, values, buckets.execute(plan, args, flats, torch.tensor(values)))
                 except buckets.Unsupported as e:
                     report.append((kind, values, f"unsupported: {e}"))

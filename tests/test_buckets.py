@@ -431,3 +431,14 @@ def test_replicate_and_circular_padding_and_slices_short_of_the_end():
         return (p * p).sum() + (d * d).sum() + t.sum()
 
     _check(fn, [(torch.randn(2, 3, n, requires_grad=True),) for n in (5, 7, 11)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_diagonals_of_padded_matrices():
+    # sizes min(n, m) and max(0, min(n, m - 1)): ShapeEnv's own Min/Max
+    def fn(x):
+        d = x.diagonal() + 1.0
+        e = x.diagonal(offset=1).sum() + torch.diag_embed(d).sum(0).sum()
+        return (d * d).sum() + e
+
+    _check(fn, [(torch.randn(n, m, requires_grad=True),) for n, m in ((5, 7), (6, 9), (7, 11))])

@@ -156,8 +156,8 @@ class _Ctx:
             return torch.div(self._eval(e.args[0]), self._eval(e.args[1]), rounding_mode="floor")
         if isinstance(e, (Mod, PythonMod)):
             return torch.remainder(self._eval(e.args[0]), self._eval(e.args[1]))
-        if isinstance(e, (sympy.Min, sympy.Max)):
-            lo = isinstance(e, sympy.Min)
+        if isinstance(e, _min_max()):
+            lo = isinstance(e, _min_max()[::2])
             out = self._eval(e.args[0])
             for a in e.args[1:]:
                 v = self._eval(a)
@@ -771,6 +771,41 @@ def _squeeze(node, args, kwargs, ctx):
         ds = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
         drop = [d % max(x.t.dim(), 1) for d in ds if x.t.shape[d % max(x.t.dim(), 1)] == 1]
     return PT(out, [f for d, f in enumerate(x.dims) if d not in drop])
+
+
+def _diag_dims(node, x, args, kwargs):
+    offset = _arg(args, kwargs, 1, "offset", 0)
+    d1 = _arg(args, kwargs, 2, "dim1", 0) % max(x.t.dim(), 1)
+    d2 = _arg(args, kwargs, 3, "dim2", 1) % max(x.t.dim(), 1)
+    if isinstance(offset, Sz):
+        raise Unsupported(f"{node.target} at a symbolic offset")
+    return offset, d1, d2
+
+
+@_handles(aten.diagonal.default, aten.diagonal_copy.default)
+def _diagonal(node, args, kwargs, ctx):
+    """With both dims laid out valid-first, the padded diagonal's first min(s1, s2 - offset) entries are the exact
+    diagonal (its later ones lie in a padded row or column)."""
+    offset, d1, d2 = _diag_dims(node, args[0], args, kwargs)
+    x = _prefixed(ctx, args[0], [d1, d2])
+    out = node.target(x.t, offset, d1, d2)
+    dims = [f for d, f in enumerate(x.dims) if d not in (d1, d2)] + [_fresh_dims(ctx, _val(node), out)[-1]]
+    return PT(out, dims)
+
+
+@_handles(aten.diagonal_scatter.default)
+def _diagonal_scatter(node, args, kwargs, ctx):
+    """The source's padding lands on diagonal positions in a padded row or column of the base."""
+    base, src = args[0], args[1]
+    offset, d1, d2 = _diag_dims(node, base, [base] + list(args[2:]), kwargs)
+    base = _prefixed(ctx, base, [d1, d2])
+    rest = [f for d, f in enumerate(base.dims) if d not in (d1, d2)]
+    if not all(_same_factors(a, b) for a, b in zip(rest, src.dims[:-1])) or len(src.dims[-1]) != 1:
+        raise Unsupported(f"{node.target} of a source padded unlike the base")
+    # the source may be padded to its own bucket: its valid prefix (the exact diagonal) fits the padded diagonal
+    n = base.t.diagonal(offset, d1, d2).shape[-1]
+    st = src.t.narrow(-1, 0, n) if src.t.shape[-1] >= n else torch.nn.functional.pad(src.t, (0, n - src.t.shape[-1]))
+    return PT(node.target(base.t, st, offset, d1, d2), base.dims)
 
 
 @_handles(aten.repeat.default)
@@ -1975,9 +2010,17 @@ def monotone(e) -> bool:
             return e.args[1] > 0 and monotone(e.args[0])
         q = sympy.cancel(e.args[0] / e.args[1])  # an exact quotient: (s**2) // s is s
         return sympy.fraction(q)[1] == 1 and q.is_polynomial() and monotone(sympy.expand(q))
-    if isinstance(e, (sympy.Min, sympy.Max)):
+    if isinstance(e, _min_max()):
         return all(monotone(a) for a in e.args)
     return False
+
+
+def _min_max():
+    """(min, max, min, max): sympy's and torch's own (ShapeEnv's expressions use torch.utils._sympy's)."""
+    import sympy
+    from torch.utils._sympy.functions import Max, Min
+
+    return (sympy.Min, sympy.Max, Min, Max)
 
 
 def _check_bounded(e):
@@ -2004,8 +2047,8 @@ def _py(e, index) -> str:
         return f"({_py(e.args[0], index)} // {_py(e.args[1], index)})"
     if isinstance(e, (Mod, PythonMod)):
         return f"({_py(e.args[0], index)} % {_py(e.args[1], index)})"
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        return ("min(" if isinstance(e, sympy.Min) else "max(") + ", ".join(_py(a, index) for a in e.args) + ")"
+    if isinstance(e, _min_max()):
+        return ("min(" if isinstance(e, _min_max()[::2]) else "max(") + ", ".join(_py(a, index) for a in e.args) + ")"
     raise Unsupported(f"the size expression {e} ({type(e).__name__})")
 
 
