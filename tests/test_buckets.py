@@ -442,3 +442,16 @@ def test_diagonals_of_padded_matrices():
         return (d * d).sum() + e
 
     _check(fn, [(torch.randn(n, m, requires_grad=True),) for n, m in ((5, 7), (6, 9), (7, 11))])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_spectrogram_of_a_varying_length():
+    # framing (unfold) and FFTs over the static frame dim, a varying number of frames: torch.stft and its backward
+    w = torch.hann_window(32)
+
+    def fn(x):
+        s = torch.stft(x, 32, hop_length=8, window=w, return_complex=True)
+        frames = x.unfold(1, 16, 8)
+        return s.abs().pow(2).mean() + frames.std(-1).sum() + torch.view_as_real(s).sum()
+
+    _check(fn, [(torch.randn(2, n, requires_grad=True),) for n in (100, 130, 170)])

@@ -808,6 +808,67 @@ def _diagonal_scatter(node, args, kwargs, ctx):
     return PT(node.target(base.t, st, offset, d1, d2), base.dims)
 
 
+@_handles(aten.unfold.default)
+def _unfold(node, args, kwargs, ctx):
+    """Windows along a dim laid out valid-first: the valid windows read valid positions only."""
+    x, dim, size, step = args[0], args[1] % max(args[0].t.dim(), 1), args[2], args[3]
+    if isinstance(size, Sz) or isinstance(step, Sz):
+        raise Unsupported(f"{node.target} with a symbolic window")
+    x = _prefixed(ctx, x, [dim])
+    out = x.t.unfold(dim, size, step)
+    dims = list(x.dims)
+    dims[dim] = _fresh_dims(ctx, _val(node), out)[dim] if x.tainted(dim) else ((out.shape[dim], None),)
+    return PT(out, dims + [((size, None),)])
+
+
+@_handles(aten.unfold_backward.default)
+def _unfold_backward(node, args, kwargs, ctx):
+    """The windows' gradients summed back: a padded window may overlap valid positions, so it adds zeros."""
+    g, _, dim, size, step = args[:5]
+    nd = g.t.dim() - 1
+    dim = dim % max(nd, 1)
+    if isinstance(size, Sz) or isinstance(step, Sz):
+        raise Unsupported(f"{node.target} with a symbolic window")
+    if any(len(g.dims[d]) != 1 and g.tainted(d) for d in range(nd)):
+        raise Unsupported(f"{node.target} over a merged padded dim")
+    out = node.target(_fill(ctx, g, 0, [dim]), *_padded(args[1:]))
+    dims = [g.dims[d] if d != dim else _fresh_dims(ctx, _val(node), out)[d] for d in range(nd)]
+    return PT(out, dims)
+
+
+def _spectral(node, args, kwargs, ctx):
+    """An FFT over unpadded dims transforms each of the other dims' positions on its own (the spectrogram of a
+    varying number of frames); over a padded dim the length itself would change."""
+    x, fdims = args[0], [d % max(args[0].t.dim(), 1) for d in args[1]]
+    if any(x.tainted(d) for d in fdims):
+        raise Unsupported(f"{node.target} along a padded dim")
+    out = node.target(*_padded(args), **_padded(kwargs))
+    return PT(out, [((out.shape[d], None),) if d in fdims else x.dims[d] for d in range(out.dim())])
+
+
+for _op in (aten._fft_r2c.default, aten._fft_c2c.default, aten._fft_c2r.default):
+    _HANDLERS[_op] = _spectral
+
+
+@_handles(aten._conj.default, aten.conj_physical.default, aten._neg_view.default)
+def _conj(node, args, kwargs, ctx):
+    return PT(node.target(args[0].t), args[0].dims)
+
+
+@_handles(aten.view_as_real.default)
+def _view_as_real(node, args, kwargs, ctx):
+    return PT(aten.view_as_real.default(args[0].t), list(args[0].dims) + [((2, None),)])
+
+
+@_handles(aten.view_as_complex.default)
+def _view_as_complex(node, args, kwargs, ctx):
+    x = args[0]
+    if x.tainted(x.t.dim() - 1):
+        raise Unsupported(f"{node.target} of a padded last dim")
+    t = x.t if x.t.stride(-1) == 1 and all(st % 2 == 0 for st in x.t.stride()[:-1]) else x.t.contiguous()
+    return PT(aten.view_as_complex.default(t), list(x.dims[:-1]))
+
+
 @_handles(aten.repeat.default)
 def _repeat(node, args, kwargs, ctx):
     """Tiling: a padded dim repeated r times is r padded blocks (a dim padded inside)."""
