@@ -1636,8 +1636,16 @@ def _per_plane(node, args, kwargs, ctx, lead=None):
             raise Unsupported(f"{node.target} with arguments whose planes are padded differently")
     out = node.target(*_padded(args), **_padded(kwargs))
     outs = out if isinstance(out, (tuple, list)) else [out]
-    res = [PT(o, list(x.dims[:lead]) + [((s, None),) for s in o.shape[lead:]])
-           if o.dim() == x.t.dim() and tuple(o.shape[:lead]) == tuple(x.t.shape[:lead]) else _plain(o) for o in outs]
+    res = []
+    for o in outs:
+        if not isinstance(o, torch.Tensor):
+            res.append(o)
+        elif o.dim() == x.t.dim() and tuple(o.shape[:lead]) == tuple(x.t.shape[:lead]):
+            res.append(PT(o, list(x.dims[:lead]) + [((s, None),) for s in o.shape[lead:]]))
+        elif any(x.tainted(d) for d in range(lead)):  # an output laid out otherwise: its padding is unknown
+            raise Unsupported(f"{node.target}: an output that is not per plane")
+        else:
+            res.append(_plain(o))
     return tuple(res) if isinstance(out, (tuple, list)) else res[0]
 
 
