@@ -32,9 +32,10 @@ def _fresh_dynamo():
 def _check(fn, calls, dynamic_dims=None):
     report = []
     f = torch.compile(fn, backend=checking_backend(report), dynamic=dynamic_dims is None or None)
-    for args in calls:
-        for d in dynamic_dims or ():
-            torch._dynamo.mark_dynamic(args[0], d)
+    for args in calls:  # dynamic_dims: dims of the first argument, or {argument: dims}
+        for i, dims in (dynamic_dims if isinstance(dynamic_dims, dict) else {0: dynamic_dims or ()}).items():
+            for d in dims:
+                torch._dynamo.mark_dynamic(args[i], d)
         out = f(*args)
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.sum().backward()
@@ -455,3 +456,14 @@ def test_spectrogram_of_a_varying_length():
         return s.abs().pow(2).mean() + frames.std(-1).sum() + torch.view_as_real(s).sum()
 
     _check(fn, [(torch.randn(2, n, requires_grad=True),) for n in (100, 130, 170)])
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_grid_sample_over_a_varying_batch_and_output_size():
+    # the input's own size is static (the grid's coordinates are relative to it); batch and output positions vary
+    def fn(x, grid):
+        return (F.grid_sample(x, grid, align_corners=False) ** 2).sum()
+
+    calls = [(torch.randn(b, 3, 8, 8, requires_grad=True), (torch.rand(b, h, 5, 2) * 2 - 1).requires_grad_())
+             for b, h in ((2, 5), (3, 7), (5, 6))]
+    _check(fn, calls, {0: (0,), 1: (0, 1)})

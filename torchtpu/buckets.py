@@ -1649,6 +1649,33 @@ def _per_plane(node, args, kwargs, ctx, lead=None):
     return tuple(res) if isinstance(out, (tuple, list)) else res[0]
 
 
+def _grid_args(node, x, grid):
+    if any(x.tainted(d) for d in range(2, x.t.dim())):
+        raise Unsupported(f"{node.target} of an input of a padded size (the grid's coordinates are relative to it)")
+    if grid.tainted(grid.t.dim() - 1) or not _same_factors(x.dims[0], grid.dims[0]):
+        raise Unsupported(f"{node.target}: input and grid padded differently")
+
+
+@_handles(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+def _grid_sampler(node, args, kwargs, ctx):
+    """Each output position samples on its own: samples, channels and output positions may be padded (the output
+    is [N, C] of the input, then the grid's positions)."""
+    x, grid = args[0], args[1]
+    _grid_args(node, x, grid)
+    out = node.target(x.t, grid.t, *args[2:], **kwargs)
+    return PT(out, [x.dims[0], x.dims[1]] + list(grid.dims[1:-1]))
+
+
+@_handles(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+def _grid_sampler_backward(node, args, kwargs, ctx):
+    """The padding of the output gradient, the input and the grid read as zeros: the grid's gradient sums over
+    channels and the input's over output positions."""
+    go, x, grid = args[0], args[1], args[2]
+    _grid_args(node, x, grid)
+    gi, gg = node.target(_fill(ctx, go, 0), _fill(ctx, x, 0), _fill(ctx, grid, 0), *args[3:], **kwargs)
+    return (PT(gi, x.dims) if gi is not None else None, PT(gg, grid.dims) if gg is not None else None)
+
+
 def _replication_pad_backward(node, args, kwargs, ctx):
     """Over a padded spatial dim: each output gradient position adds into the input position it copied (its
     position less the left pad, clamped to the true size), one spatial dim at a time; the output gradient's
@@ -1687,7 +1714,7 @@ for _name, _fn in (("_adaptive_avg_pool2d", _per_plane), ("_adaptive_avg_pool2d_
                    *((f"{_k}_pad{_n}d{_b}", _per_plane) for _k in ("reflection", "replication") for _n in (1, 2, 3)
                      for _b in ("", "_backward") if (_k, _b) != ("replication", "_backward")),
                    *((f"replication_pad{_n}d_backward", _replication_pad_backward) for _n in (1, 2, 3)),
-                   ("grid_sampler_2d", _per_sample), ("im2col", _per_sample), ("col2im", _per_sample),
+                   ("im2col", _per_sample), ("col2im", _per_sample),
                    ("pixel_shuffle", _per_sample), ("pixel_unshuffle", _per_sample)):
     _pk = getattr(aten, _name, None)
     if _pk is not None:
