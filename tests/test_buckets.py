@@ -467,3 +467,10 @@ def test_grid_sample_over_a_varying_batch_and_output_size():
     calls = [(torch.randn(b, 3, 8, 8, requires_grad=True), (torch.rand(b, h, 5, 2) * 2 - 1).requires_grad_())
              for b, h in ((2, 5), (3, 7), (5, 6))]
     _check(fn, calls, {0: (0,), 1: (0, 1)})
+
+
+@pytest.mark.one_pass("strict")  # no device: the same in both passes
+def test_group_norm_over_a_varying_batch():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU(), nn.Conv2d(8, 4, 3))
+    _check(lambda x: net(x).square().mean(), [(torch.randn(b, 3, 6, 6, requires_grad=True),) for b in (3, 5, 7)], (0,))

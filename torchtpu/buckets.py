@@ -821,21 +821,6 @@ def _unfold(node, args, kwargs, ctx):
     return PT(out, dims + [((size, None),)])
 
 
-@_handles(aten.unfold_backward.default)
-def _unfold_backward(node, args, kwargs, ctx):
-    """The windows' gradients summed back: a padded window may overlap valid positions, so it adds zeros."""
-    g, _, dim, size, step = args[:5]
-    nd = g.t.dim() - 1
-    dim = dim % max(nd, 1)
-    if isinstance(size, Sz) or isinstance(step, Sz):
-        raise Unsupported(f"{node.target} with a symbolic window")
-    if any(len(g.dims[d]) != 1 and g.tainted(d) for d in range(nd)):
-        raise Unsupported(f"{node.target} over a merged padded dim")
-    out = node.target(_fill(ctx, g, 0, [dim]), *_padded(args[1:]))
-    dims = [g.dims[d] if d != dim else _fresh_dims(ctx, _val(node), out)[d] for d in range(nd)]
-    return PT(out, dims)
-
-
 def _spectral(node, args, kwargs, ctx):
     """An FFT over unpadded dims transforms each of the other dims' positions on its own (the spectrogram of a
     varying number of frames); over a padded dim the length itself would change."""
@@ -1647,6 +1632,16 @@ def _per_plane(node, args, kwargs, ctx, lead=None):
         else:
             res.append(_plain(o))
     return tuple(res) if isinstance(out, (tuple, list)) else res[0]
+
+
+@_handles(aten.native_group_norm.default)
+def _group_norm(node, args, kwargs, ctx):
+    """Each sample's group statistics on their own: over a padded batch (a partial last batch) only."""
+    x = args[0]
+    _batch_only(node, [a for a in _flat(args, kwargs) if isinstance(a, PT)])
+    out, mean, rstd = node.target(*_padded(args), **_padded(kwargs))
+    return PT(out, x.dims), PT(mean, [x.dims[0], ((mean.shape[1], None),)]), \
+        PT(rstd, [x.dims[0], ((rstd.shape[1], None),)])
 
 
 def _grid_args(node, x, grid):
