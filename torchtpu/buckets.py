@@ -1701,19 +1701,17 @@ def _replication_pad_backward(node, args, kwargs, ctx):
     return PT(g, x.dims)
 
 
-for _name, _fn in (("_adaptive_avg_pool2d", _per_plane), ("_adaptive_avg_pool2d_backward", _per_plane),
-                   ("_adaptive_avg_pool3d", _per_plane), ("_adaptive_avg_pool3d_backward", _per_plane),
-                   ("upsample_nearest2d", _per_plane), ("upsample_bilinear2d", _per_plane),
-                   ("_low_memory_max_pool2d_with_offsets", _per_plane),
-                   ("_low_memory_max_pool2d_offsets_to_indices", _per_sample), ("max_unpool2d", _per_plane),
-                   *((f"{_k}_pad{_n}d{_b}", _per_plane) for _k in ("reflection", "replication") for _n in (1, 2, 3)
-                     for _b in ("", "_backward") if (_k, _b) != ("replication", "_backward")),
-                   *((f"replication_pad{_n}d_backward", _replication_pad_backward) for _n in (1, 2, 3)),
-                   ("im2col", _per_sample), ("col2im", _per_sample),
-                   ("pixel_shuffle", _per_sample), ("pixel_unshuffle", _per_sample)):
-    _pk = getattr(aten, _name, None)
-    if _pk is not None:
-        _HANDLERS[_pk] = _fn
+_PER_PLANE = ["_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
+              "_adaptive_avg_pool3d_backward", "upsample_nearest2d", "upsample_bilinear2d",
+              "_low_memory_max_pool2d_with_offsets", "max_unpool2d"] + \
+    [f"reflection_pad{n}d{b}" for n in (1, 2, 3) for b in ("", "_backward")] + [f"replication_pad{n}d" for n in (1, 2, 3)]
+_PER_SAMPLE = ["_low_memory_max_pool2d_offsets_to_indices", "im2col", "col2im", "pixel_shuffle", "pixel_unshuffle"]
+for _names, _fn in ((_PER_PLANE, _per_plane), (_PER_SAMPLE, _per_sample),
+                    ([f"replication_pad{n}d_backward" for n in (1, 2, 3)], _replication_pad_backward)):
+    for _name in _names:
+        _pk = getattr(aten, _name, None)
+        if _pk is not None:
+            _HANDLERS[_pk] = _fn
 
 
 def _spatial(node, x: PT, lead=2, channels=True):
