@@ -152,6 +152,11 @@ void register_executor(py::module& m) {
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(v));
   });
   m.def("_set_upload_host_copies", [](int64_t n) { torchtpu::set_upload_host_copies(n); });
+  m.def("_set_eager_buckets", [](bool on) { torchtpu::set_eager_buckets(on); });
+  m.def("_set_rows", [](py::handle t, int64_t rows, int64_t row_bytes) {
+    torchtpu::set_rows(tensor_of(t), rows, row_bytes);
+  });
+  m.def("_rows_of", [](py::handle t) { return torchtpu::rows_of(tensor_of(t)); });
   m.def("_storage_value_type", [](py::handle t) -> py::object {
     std::vector<int64_t> shape;
     at::ScalarType dtype;
@@ -181,6 +186,7 @@ void register_executor(py::module& m) {
     d["op_table.misses"] = e.misses;
     d["op_table.entries"] = e.entries;
     d["op_table.specializations"] = e.specializations;
+    d["op_table.bucket_exact"] = e.bucket_exact;
     d["python_kernels"] = e.python_kernels;
     auto& g = torchtpu::graph_counters();
     d["chunks"] = g.chunks.load();

@@ -36,9 +36,10 @@ UPLOAD_HOST_COPY_BYTES = 256 * 1024
 
 
 def _sync_upload_copies() -> None:
-    from . import _C
+    from . import _C, eager_buckets
 
     _C._set_upload_host_copies(UPLOAD_HOST_COPY_BYTES if enabled() else 0)
+    eager_buckets.sync()
 
 
 def set_shape_buckets(policy) -> None:

@@ -79,6 +79,9 @@ def mode(name: str):
 def set_check_nans(on: bool) -> None:
     global _check_nans
     _check_nans = bool(on)
+    from . import eager_buckets
+
+    eager_buckets.sync()  # the NaN check reads whole buffers: bucketed rows' padding would trip it
 
 
 def direct_trace(opname: str, device_index: int) -> Trace:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
 
-from . import _C, metrics, optable
+from . import _C, eager_buckets, metrics, optable
 from .errors import TpuOpError, op_error
 from .tables import DIRECT, FOREACH, INPLACE_RULES, META, PREPROCESS, RULES, SCALARS_SHAPE_OUTPUT
 from .trace import ArgSlot, OutputSlot, RuntimeScalar, Trace, label, plain, register_fragment
@@ -155,6 +155,7 @@ class _Call:
             else:
                 self.args.append(v)
         self.device = device
+        self.masks: dict = {}  # id(argument tensor) -> (dim, fill): its padding rows read as fill (eager_buckets.py)
 
     # storage resolution for the Trace
     def storage(self, t):
@@ -181,6 +182,8 @@ class _Call:
             if isinstance(x, torch.Tensor):
                 if x.device.type == "tpu":
                     v = tr.read_value(x)
+                    if id(x) in self.masks:
+                        v = eager_buckets.mask(tr, v, *self.masks[id(x)])
                 else:
                     v = tr.host(x, self.path_of.get(id(x)) if self.lowering else None)
                 tr.bind_argument(v, x)  # tr.update / tr.arg_of (batch norm's running stats, copy_'s bits)
@@ -323,9 +326,10 @@ class _Call:
         return result[0]
 
 
-def lower(name, values, runtime_slots, storages, device, key=None):
+def lower(name, values, runtime_slots, storages, device, key=None, buckets=None):
     """C++ callback on an op-table miss: the entry for this signature (from the op table on disk when an earlier
-    process lowered it: optable.py)."""
+    process lowered it: optable.py). `buckets`: (valid rows per row class, bucketed tensor arguments) when the
+    signature has tensors walking the rows of bucketed storages (eager_buckets.py)."""
     if key is not None:
         known = optable.lookup(key, name, values)
         if known is not None:
@@ -335,6 +339,12 @@ def lower(name, values, runtime_slots, storages, device, key=None):
                 return entry
             return (entry[0], register_fragment(registration), *entry[2:])
     metrics.inc("lowerings")
+    if buckets is not None:
+        entry, registration = eager_buckets.lower(name, values, [tuple(p) for p in runtime_slots], storages, device,
+                                                  *buckets)
+        if key is not None:
+            optable.remember(key, name, values, (registration, entry))
+        return entry
     call = _Call(name, values, True, [tuple(p) for p in runtime_slots], storages, device)
     try:
         entry = call.entry()

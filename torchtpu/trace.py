@@ -27,7 +27,7 @@ from .hlo import Fn, Value, tensor_type
 # How a runtime scalar travels (csrc/graph/fragment.h ScalarKind)
 FLOAT, INT, BOOL, COMPLEX, RNG = 0, 1, 2, 3, 4
 # Where its value comes from (csrc/executor/entry.h ScalarSource)
-FROM_ARG, FROM_CPU_TENSOR, FROM_RNG = 0, 1, 2
+FROM_ARG, FROM_CPU_TENSOR, FROM_RNG, FROM_ROWS = 0, 1, 2, 3
 
 
 class RuntimeScalar:
@@ -263,6 +263,17 @@ class Trace:
         v = self.fn.param((), dtype)
         self._scalars.append((v, _kind_of(dtype), ("value", value)))
         return v
+
+    def rows(self, cls: int) -> Value:
+        """The valid row count of bucketed row class `cls` (torchtpu/eager_buckets.py) as an int64 runtime parameter."""
+        have = getattr(self, "_rows", None)
+        if have is None:
+            have = self._rows = {}
+        if cls not in have:
+            v = self.fn.param((), torch.int64)
+            self._scalars.append((v, INT, (FROM_ROWS, (cls, -1), 0)))
+            have[cls] = v
+        return have[cls]
 
     def host(self, t, path=None) -> Value:
         """A 0-d CPU tensor argument (a scalar, as on cuda): a runtime parameter of its dtype."""

@@ -6,6 +6,7 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/alias_native.h>
+#include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
@@ -16,6 +17,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
+#include "executor/executor.h"
 
 namespace torchtpu {
 namespace {
@@ -50,6 +52,13 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   const auto st = c10::dtype_or_default(dtype);
   check_dtype(st);
   return at::detail::empty_strided_generic(size, stride, tpu_allocator(), kTpuKeys, st);
+}
+
+// empty_like keeps a routed tensor's rows bucketed (the ops on zeros_like(h) then share h's table entries)
+at::Tensor empty_like(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                      std::optional<at::Device> device, std::optional<bool> pin_memory,
+                      std::optional<at::MemoryFormat> memory_format) {
+  return bucketed_like(self, at::native::empty_like(self, dtype, layout, device, pin_memory, memory_format));
 }
 
 void maybe_grow_storage(at::TensorImpl* self, size_t needed_bytes) {
@@ -142,6 +151,7 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", torchtpu::empty_memory_format);
   m.impl("empty_strided", torchtpu::empty_strided);
+  m.impl("empty_like", torchtpu::empty_like);
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);
   m.impl("view_as_real", at::native::view_as_real);

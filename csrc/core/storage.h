@@ -68,6 +68,11 @@ struct StorageHandle {
   NodePtr node;
   int32_t index = 0;
   std::shared_ptr<const std::string> error;
+  // Bucketed rows (eager bounded dynamic shapes, docs/architecture.md): the storage's first `rows` rows of
+  // `row_bytes` bytes are valid, the rest up to its capacity (nbytes / row_bytes rows) is padding that no
+  // tensor the user sees reaches. -1: not bucketed. Set with the value by the op that made the storage.
+  int64_t rows = -1;
+  int64_t row_bytes = 0;
 
   // Points the handle at a new value (dropping the old one); pending keeps the node's output alive.
   void set_buffer(BufferPtr b);

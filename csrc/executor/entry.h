@@ -16,9 +16,10 @@ struct ArgPath {  // an argument of the op, or an element of a list argument
 };
 
 struct ScalarSource {
-  enum Kind : uint8_t { kArg = 0, kCpuTensor = 1, kRng = 2 };
+  enum Kind : uint8_t { kArg = 0, kCpuTensor = 1, kRng = 2, kRows = 3 };
   Kind kind = kArg;
-  ArgPath path;            // kArg, kCpuTensor; kRng: the generator argument (arg -1: the device's default)
+  ArgPath path;            // kArg, kCpuTensor; kRng: the generator argument (arg -1: the device's default);
+                           // kRows: path.arg is the row class whose valid row count the op reads
   int64_t increment = 0;   // kRng: how far the op advances the generator's offset
 };
 
@@ -29,6 +30,10 @@ struct OutputSpec {
   std::vector<int64_t> sizes;    // kNew
   std::vector<int64_t> strides;
   at::ScalarType dtype = at::kFloat;
+  // kNew of a bucketed signature: dim `rows_dim` has the capacity in `sizes` and the valid row count of row class
+  // `rows_class` in the tensor returned (its storage stays bucketed, rows of strides[rows_dim] elements)
+  int32_t rows_class = -1;
+  int32_t rows_dim = -1;
 };
 
 struct ResultTarget {  // a fragment result becomes the value of ...
@@ -38,7 +43,8 @@ struct ResultTarget {  // a fragment result becomes the value of ...
 };
 
 struct Entry {
-  enum Kind : uint8_t { kProgram = 0, kPython = 1 };
+  // kExact: a bucketed signature the rules do not take bucketed; the op is keyed again at its exact sizes
+  enum Kind : uint8_t { kProgram = 0, kPython = 1, kExact = 2 };
   Kind kind = kProgram;
   int32_t fragment = -1;                  // -1: nothing to compute (outputs are empty)
   std::vector<int32_t> storage_params;    // per fragment storage parameter: the argument storage index

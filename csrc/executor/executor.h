@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct _object;
@@ -20,6 +21,15 @@ namespace torchtpu {
 enum class Mode : int { kStrict = 0, kDebug = 1, kFused = 2 };
 void set_mode(Mode m);
 Mode get_mode();
+
+// Eager bucketed rows (torchtpu/eager_buckets.py): whether signatures look for bucketed tensors, and a storage's
+// valid rows (rows < 0: not bucketed). rows_of: (rows, row bytes) of t's storage.
+void set_eager_buckets(bool on);
+void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes);
+std::pair<int64_t, int64_t> rows_of(const at::Tensor& t);
+// empty_like's result for a tensor whose dim 0 walks bucketed rows: the same rows in a storage of the capacity
+// (zeros_like / ones_like / full_like of a routed tensor stay bucketed); otherwise `out` as it is.
+at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out);
 
 void register_kernels(const std::vector<std::string>& op_names);
 
@@ -46,6 +56,7 @@ void synchronize(int64_t device, int cause);  // device < 0: every device
 
 struct ExecCounters {
   int64_t ops = 0, hits = 0, misses = 0, python_kernels = 0, specializations = 0, entries = 0;
+  int64_t bucket_exact = 0;  // calls with bucketed tensors that the rules ran at their exact sizes
 };
 ExecCounters exec_counters();
 std::vector<std::pair<std::string, int64_t>> op_counts();  // ops dispatched to the C++ kernel, by name

@@ -118,7 +118,26 @@ struct Sig {
   std::vector<ArgPath> runtime_slots;       // Scalar arguments passed as runtime values
   c10::DeviceIndex device = -1;
   bool python = false;                      // something the C++ path does not take: the Python kernel runs
+  // bucketed rows: a tensor walking the valid rows of a bucketed storage is keyed by its capacity, its row count
+  // is a runtime value of its row class (tensors of equal counts share one)
+  bool bucketing = false;                   // look for bucketed tensors (off: every tensor at its exact sizes)
+  std::vector<runtime::LowerRequest::Bucketed> bucketed;
+  std::vector<int64_t> rows;                // per row class: the valid rows
+  std::vector<int64_t> capacity;            // per row class: the capacity of its first tensor
+  // stride-0 dims of exact tensors (autograd's expanded gradients): a class's rows broadcast, when the size is one
+  struct Broadcast {
+    size_t offset;  // of the size in the key
+    ArgPath path;
+    int32_t dim;
+    int64_t size;
+  };
+  std::vector<Broadcast> broadcast;
 };
+
+// A row class's dim in the key: a negative size (no real size is), the class and capacity in it.
+int64_t rows_code(int32_t cls, int64_t capacity) { return ~((static_cast<int64_t>(cls) << 40) | capacity); }
+
+std::atomic<bool> g_eager_buckets{false};
 
 template <typename T>
 void put(std::string& key, T v) {
@@ -170,6 +189,29 @@ void put_number(Sig& s, const c10::IValue& v, ArgPath path) {
   s.runtime_slots.push_back(path);
 }
 
+// The dim of t that walks the valid rows of its bucketed storage (size: the valid rows, stride: a row; every other
+// dim and the offset within one row), or -1. The caller holds exec_mutex().
+int32_t rows_dim(const at::Tensor& t, c10::StorageImpl* st) {
+  StorageHandle* h = handle_of(st);
+  if (h == nullptr || h->rows < 2 || h->row_bytes <= 0) return -1;
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  if (h->row_bytes % es != 0 || static_cast<int64_t>(st->nbytes()) / h->row_bytes < h->rows) return -1;
+  const int64_t row = h->row_bytes / es;
+  int32_t d = -1;
+  int64_t span = t.storage_offset();
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0 || strides[i] < 0) return -1;
+    if (d < 0 && sizes[i] == h->rows && strides[i] == row) {
+      d = static_cast<int32_t>(i);
+    } else {
+      span += (sizes[i] - 1) * strides[i];
+    }
+  }
+  return d >= 0 && span < row ? d : -1;
+}
+
 void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path = {-1, -1}) {
   if (!t.defined()) {
     put<uint8_t>(s.key, kUndefined);
@@ -216,13 +258,30 @@ void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path 
   put<uint8_t>(s.key, static_cast<uint8_t>(t.is_conj() | (t.is_neg() << 1)));
   const auto sizes = t.sizes();
   const auto strides = t.strides();
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  const int32_t rdim = s.bucketing && path.arg >= 0 ? rows_dim(t, st) : -1;
   put<int32_t>(s.key, static_cast<int32_t>(sizes.size()));
   for (size_t i = 0; i < sizes.size(); ++i) {
-    put<int64_t>(s.key, sizes[i]);
+    if (static_cast<int32_t>(i) == rdim) {
+      StorageHandle* h = handle_of(st);
+      const int64_t capacity = static_cast<int64_t>(st->nbytes()) / h->row_bytes;
+      int32_t cls = 0;
+      while (cls < static_cast<int32_t>(s.rows.size()) && s.rows[cls] != h->rows) ++cls;
+      if (cls == static_cast<int32_t>(s.rows.size())) {
+        s.rows.push_back(h->rows);
+        s.capacity.push_back(capacity);
+      }
+      s.bucketed.push_back({path, rdim, cls, capacity});
+      put<int64_t>(s.key, rows_code(cls, capacity));
+    } else {
+      if (s.bucketing && rdim < 0 && strides[i] == 0 && sizes[i] >= 2 && path.arg >= 0) {
+        s.broadcast.push_back({s.key.size(), path, static_cast<int32_t>(i), sizes[i]});
+      }
+      put<int64_t>(s.key, sizes[i]);
+    }
     put<int64_t>(s.key, strides[i]);
   }
   put<int64_t>(s.key, t.storage_offset());
-  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
   int32_t k = -1;
   for (size_t i = 0; i < s.storages.size(); ++i) {
     if (s.storages[i] == st) {
@@ -288,6 +347,10 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
   s.runtime_slots.clear();
   s.device = -1;
   s.python = false;
+  s.bucketed.clear();
+  s.rows.clear();
+  s.capacity.clear();
+  s.broadcast.clear();
   put<const void*>(s.key, &info);
   const size_t base = stack.size() - info.nargs;
   c10::DeviceIndex device_arg = -1;
@@ -310,18 +373,20 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
         put<uint8_t>(s.key, kList);
         const auto l = v.toTensorList();
         put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
-        for (size_t j = 0; j < l.size(); ++j) put_tensor(s, l.get(j), info.written[i]);
+        for (size_t j = 0; j < l.size(); ++j) {
+          put_tensor(s, l.get(j), info.written[i], {static_cast<int32_t>(i), static_cast<int32_t>(j)});
+        }
         break;
       }
       case ArgKind::kOptTensorList: {
         put<uint8_t>(s.key, kList);
         const auto l = v.toListRef();
         put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
-        for (const auto& e : l) {
-          if (e.isNone()) {
+        for (size_t j = 0; j < l.size(); ++j) {
+          if (l[j].isNone()) {
             put<uint8_t>(s.key, kNone);
           } else {
-            put_tensor(s, e.toTensor());
+            put_tensor(s, l[j].toTensor(), false, {static_cast<int32_t>(i), static_cast<int32_t>(j)});
           }
         }
         break;
@@ -347,6 +412,22 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
         put_other(s, v);
     }
     if (s.python) return;
+  }
+  for (size_t k = 0; k < s.broadcast.size(); ++k) {  // an expanded tensor over a class's rows is keyed as those rows
+    const auto& b = s.broadcast[k];
+    bool taken = false;  // one dim per tensor: its first over a class's rows
+    for (size_t j = 0; j < k && !taken; ++j) {
+      taken = s.broadcast[j].path.arg == b.path.arg && s.broadcast[j].path.elem == b.path.elem &&
+              s.broadcast[j].offset == SIZE_MAX;
+    }
+    for (size_t cls = 0; cls < s.rows.size() && !taken; ++cls) {
+      if (s.rows[cls] != b.size) continue;
+      const int64_t code = rows_code(static_cast<int32_t>(cls), s.capacity[cls]);
+      std::memcpy(&s.key[b.offset], &code, sizeof(code));
+      s.bucketed.push_back({b.path, b.dim, static_cast<int32_t>(cls), s.capacity[cls]});
+      s.broadcast[k].offset = SIZE_MAX;  // marks the tensor as taken
+      break;
+    }
   }
   if (s.device < 0) s.device = device_arg >= 0 ? device_arg : current_device();
   put<int8_t>(s.key, s.device);
@@ -378,6 +459,7 @@ struct TableSlot {
 };
 std::unordered_map<std::string, TableSlot> g_table;
 std::atomic<int64_t> g_ops_total{0}, g_hits{0}, g_misses{0}, g_python{0}, g_specializations{0};
+std::atomic<int64_t> g_bucket_exact{0};  // bucketed signatures run at their exact sizes (the rules declined)
 
 const c10::IValue& arg_at(const torch::jit::Stack& stack, size_t base, ArgPath p) {
   const c10::IValue& v = stack[base + p.arg];
@@ -412,6 +494,8 @@ Entry lower(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit:
   req.nargs = info.nargs;
   req.device = sig.device;
   req.runtime_slots = sig.runtime_slots;
+  req.bucketed = sig.bucketed;
+  req.rows = sig.rows;
   // sig.key starts with the OpInfo's address, which only this process knows
   req.key = info.name + '\0' + sig.key.substr(sizeof(const void*));
   {
@@ -430,9 +514,13 @@ Entry lower(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit:
 }
 
 // -- running an entry ---------------------------------------------------------------------------------------
-void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const torch::jit::Stack& stack, size_t base,
-                 c10::DeviceIndex device, Node& node) {
+void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const Sig& sig, const torch::jit::Stack& stack,
+                 size_t base, c10::DeviceIndex device, Node& node) {
   const ScalarKind kind = f.scalars[s].kind;
+  if (src.kind == ScalarSource::kRows) {
+    node.iscalars.push_back(sig.rows.at(src.path.arg));
+    return;
+  }
   if (src.kind == ScalarSource::kRng) {
     c10::optional<at::Generator> gen;
     if (src.path.arg >= 0) {
@@ -470,9 +558,23 @@ void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const tor
   }
 }
 
-at::Tensor new_output(const OutputSpec& o, c10::DeviceIndex device) {
+// A new output; one following a row class gets the capacity's storage, the valid rows' sizes and a bucketed
+// storage (the caller holds exec_mutex()).
+at::Tensor new_output(const OutputSpec& o, c10::DeviceIndex device, const Sig& sig) {
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
-  return at::detail::empty_strided_generic(o.sizes, o.strides, tpu_allocator(), kTpuKeys, o.dtype);
+  at::Tensor t = at::detail::empty_strided_generic(o.sizes, o.strides, tpu_allocator(), kTpuKeys, o.dtype);
+  if (o.rows_class >= 0) {
+    const int64_t n = sig.rows.at(o.rows_class);
+    c10::SmallVector<int64_t, 6> sizes(o.sizes.begin(), o.sizes.end());
+    sizes[o.rows_dim] = n;
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, o.strides);
+    StorageHandle* h = handle_of(t.storage());
+    if (h != nullptr) {
+      h->rows = n;
+      h->row_bytes = o.strides[o.rows_dim] * static_cast<int64_t>(c10::elementSize(o.dtype));
+    }
+  }
+  return t;
 }
 
 // Records the entry's node; the caller holds exec_mutex() (and must cut afterwards when this returns true).
@@ -482,14 +584,14 @@ bool record_entry(const Entry& e, const Sig& sig, torch::jit::Stack* stack, size
   for (const auto& rs : e.resizes) arg_at(*stack, base, rs.first).toTensor().resize_(rs.second);
   outs.resize(e.outputs.size());
   for (size_t j = 0; j < e.outputs.size(); ++j) {
-    if (e.outputs[j].kind == OutputSpec::kNew) outs[j] = new_output(e.outputs[j], device);
+    if (e.outputs[j].kind == OutputSpec::kNew) outs[j] = new_output(e.outputs[j], device, sig);
   }
   bool want_cut = false;
   if (e.fragment >= 0) {
     const Fragment& f = fragment(e.fragment);
     auto node = new_node(e.fragment, device);
     for (size_t s = 0; s < e.scalar_params.size(); ++s) {
-      pack_scalar(f, s, e.scalar_params[s], *stack, base, device, *node);
+      pack_scalar(f, s, e.scalar_params[s], sig, *stack, base, device, *node);
     }
     node->line = line;
     for (int32_t k : e.storage_params) node->inputs.push_back(value_ref(handle_of(sig.storages[k]), f.label));
@@ -577,6 +679,32 @@ void upload(const at::Tensor& self, const at::Tensor& src) {
   }
 }
 
+// The table's entry for this signature, or nullptr (the caller holds exec_mutex()).
+const Entry* find_entry(const Sig& sig, const torch::jit::Stack& stack, size_t base) {
+  auto it = g_table.find(sig.key);
+  if (it == g_table.end()) return nullptr;
+  TableSlot& slot = it->second;
+  if (slot.generic.value_slots.empty()) return &slot.generic;
+  auto vit = slot.by_value.find(value_key(slot.generic.value_slots, stack, base));
+  return vit != slot.by_value.end() ? &vit->second : nullptr;
+}
+
+const Entry* lower_and_keep(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& stack,
+                            size_t base, const Sig& sig) {
+  const std::string key = sig.key;  // Python may run tpu ops (and reuse this thread's Sig) while lowering
+  Entry e = lower(op, info, stack, sig);
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  TableSlot& slot = g_table[key];
+  if (e.value_slots.empty()) {
+    slot.generic = std::move(e);
+    return &slot.generic;
+  }
+  g_specializations += 1;
+  slot.generic.value_slots = e.value_slots;
+  auto vk = value_key(e.value_slots, stack, base);
+  return &(slot.by_value[vk] = std::move(e));
+}
+
 void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   OpInfo* info = op_info(op);
   info->count += 1;
@@ -599,6 +727,7 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
   const Mode mode = get_mode();
   const Entry* entry = nullptr;
   c10::SmallVector<at::Tensor, 2> outs;
+  sig.bucketing = g_eager_buckets.load(std::memory_order_relaxed);
   {
     std::unique_lock<std::recursive_mutex> lk(exec_mutex());
     build_sig(*info, *stack, sig);
@@ -608,16 +737,12 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
       runtime::run_python_kernel(op, stack);
       return;
     }
-    auto it = g_table.find(sig.key);
-    if (it != g_table.end()) {
-      TableSlot& slot = it->second;
-      if (slot.generic.value_slots.empty()) {
-        entry = &slot.generic;
-      } else {
-        auto vk = value_key(slot.generic.value_slots, *stack, base);
-        auto vit = slot.by_value.find(vk);
-        if (vit != slot.by_value.end()) entry = &vit->second;
-      }
+    entry = find_entry(sig, *stack, base);
+    if (entry != nullptr && entry->kind == Entry::kExact) {  // the rules keep these sizes exact: key them so
+      g_bucket_exact += 1;
+      sig.bucketing = false;
+      build_sig(*info, *stack, sig);
+      entry = find_entry(sig, *stack, base);
     }
     if (entry != nullptr && entry->kind == Entry::kProgram && !entry->capture_line && mode != Mode::kDebug) {
       // the hot path: record without leaving the lock, then launch (strict) or return (fused)
@@ -637,18 +762,17 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
     }
   }
   if (entry == nullptr) {
-    const std::string key = sig.key;  // Python may run tpu ops (and reuse this thread's Sig) while lowering
-    Entry e = lower(op, *info, *stack, sig);
-    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
-    TableSlot& slot = g_table[key];
-    if (e.value_slots.empty()) {
-      slot.generic = std::move(e);
-      entry = &slot.generic;
-    } else {
-      g_specializations += 1;
-      slot.generic.value_slots = e.value_slots;
-      auto vk = value_key(e.value_slots, *stack, base);
-      entry = &(slot.by_value[vk] = std::move(e));
+    entry = lower_and_keep(op, *info, *stack, base, sig);
+    if (entry->kind == Entry::kExact) {
+      g_bucket_exact += 1;
+      {
+        std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+        sig.bucketing = false;
+        build_sig(*info, *stack, sig);
+        entry = find_entry(sig, *stack, base);
+      }
+      if (entry == nullptr) entry = lower_and_keep(op, *info, *stack, base, sig);
+      TORCH_INTERNAL_ASSERT(entry->kind != Entry::kExact, "tpu: an exact signature lowered as bucketed");
     }
   } else {
     g_hits += 1;
@@ -663,7 +787,7 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
   bool want_cut;
   {
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
-    build_sig(*info, *stack, sig);  // the storages' values may have moved on while Python ran
+    build_sig(*info, *stack, sig);  // the storages' values may have moved on while Python ran (same bucketing)
     want_cut = record_entry(*entry, sig, stack, base, outs, line);
   }
   const c10::DeviceIndex device = sig.device;
@@ -683,6 +807,46 @@ std::vector<std::unique_ptr<torch::Library>> g_other_libs;
 }  // namespace
 
 void set_mode(Mode m) { g_mode = static_cast<int>(m); }
+void set_eager_buckets(bool on) { g_eager_buckets = on; }
+
+void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes) {
+  StorageHandle* h = handle_of(t.storage());
+  TORCH_CHECK(h != nullptr, "tpu: set_rows on a zero-byte storage");
+  TORCH_CHECK(rows < 0 || (row_bytes > 0 && rows * row_bytes <= static_cast<int64_t>(t.storage().nbytes())),
+              "tpu: set_rows: ", rows, " rows of ", row_bytes, " bytes do not fit a storage of ", t.storage().nbytes(),
+              " bytes");
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  h->rows = rows;
+  h->row_bytes = rows < 0 ? 0 : row_bytes;
+}
+
+at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
+  if (!g_eager_buckets.load(std::memory_order_relaxed) || !self.device().is_privateuseone() ||
+      !out.device().is_privateuseone() || out.dim() == 0 || out.sizes() != self.sizes() || !out.is_contiguous()) {
+    return out;
+  }
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  c10::StorageImpl* st = self.storage().unsafeGetStorageImpl();
+  if (rows_dim(self, st) != 0) return out;
+  StorageHandle* h = handle_of(st);
+  c10::SmallVector<int64_t, 6> sizes(out.sizes().begin(), out.sizes().end());
+  sizes[0] = static_cast<int64_t>(st->nbytes()) / h->row_bytes;
+  const c10::DeviceGuard guard(out.device());
+  at::Tensor big = at::detail::empty_strided_generic(sizes, out.strides(), tpu_allocator(), kTpuKeys, out.scalar_type());
+  big.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides());
+  StorageHandle* hb = handle_of(big.storage());
+  if (hb == nullptr) return out;
+  hb->rows = h->rows;
+  hb->row_bytes = out.stride(0) * static_cast<int64_t>(out.element_size());
+  return big;
+}
+
+std::pair<int64_t, int64_t> rows_of(const at::Tensor& t) {
+  StorageHandle* h = handle_of(t.storage());
+  if (h == nullptr) return {-1, 0};
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  return {h->rows, h->row_bytes};
+}
 Mode get_mode() { return static_cast<Mode>(g_mode.load()); }
 
 void register_kernels(const std::vector<std::string>& names) {
@@ -835,6 +999,7 @@ ExecCounters exec_counters() {
   c.python_kernels = g_python;
   c.specializations = g_specializations;
   c.entries = static_cast<int64_t>(g_table.size());
+  c.bucket_exact = g_bucket_exact;
   return c;
 }
 
@@ -848,7 +1013,7 @@ std::vector<std::pair<std::string, int64_t>> op_counts() {
 }
 
 void reset_counters() {
-  g_ops_total = g_hits = g_misses = g_python = g_specializations = 0;
+  g_ops_total = g_hits = g_misses = g_python = g_specializations = g_bucket_exact = 0;
   std::lock_guard<std::mutex> lk(g_ops_mu);
   for (auto& kv : g_ops) kv.second->count = 0;
   auto& gc = graph_counters();

@@ -59,6 +59,10 @@ Entry entry_from_py(py::handle obj) {
     e.kind = Entry::kPython;
     return e;
   }
+  if (kind == "exact") {
+    e.kind = Entry::kExact;
+    return e;
+  }
   TORCH_INTERNAL_ASSERT(kind == "program", "tpu: the lowering returned ", kind);
   e.fragment = t[1].cast<int32_t>();
   e.storage_params = t[2].cast<std::vector<int32_t>>();
@@ -87,6 +91,10 @@ Entry entry_from_py(py::handle obj) {
       spec.sizes = ot[3].cast<std::vector<int64_t>>();
       spec.strides = ot[4].cast<std::vector<int64_t>>();
       spec.dtype = ot[5].cast<at::ScalarType>();
+      if (ot.size() > 7) {
+        spec.rows_class = ot[6].cast<int32_t>();
+        spec.rows_dim = ot[7].cast<int32_t>();
+      }
     }
     e.outputs.push_back(std::move(spec));
   }
@@ -148,7 +156,13 @@ Entry lower_op(const LowerRequest& req) {
                                    req.storage_has_value[k] ? value_type_to_py(req.storage_types[k]) : py::none()));
   }
   // A rule's own error (bad input) propagates as the Python exception it is (TpuOpError, IndexError, ...).
-  py::object r = cb().lower(name, args, slots, storages, static_cast<int>(req.device), py::bytes(req.key));
+  py::object buckets = py::none();
+  if (!req.bucketed.empty()) {
+    py::list b;
+    for (const auto& x : req.bucketed) b.append(py::make_tuple(x.path.arg, x.path.elem, x.dim, x.cls, x.capacity));
+    buckets = py::make_tuple(py::cast(req.rows), b);
+  }
+  py::object r = cb().lower(name, args, slots, storages, static_cast<int>(req.device), py::bytes(req.key), buckets);
   return entry_from_py(r);
 }
 

@@ -33,6 +33,14 @@ struct LowerRequest {
   std::vector<ValueType> storage_types;
   std::vector<bool> storage_has_value;
   std::string key;  // the signature, valid in any process: the op's name, then its argument signature
+  // bucketed tensor arguments: (path, dim walking the rows, row class, capacity rows); rows: per class, valid rows
+  struct Bucketed {
+    ArgPath path;
+    int32_t dim, cls;
+    int64_t capacity;
+  };
+  std::vector<Bucketed> bucketed;
+  std::vector<int64_t> rows;
 };
 Entry lower_op(const LowerRequest& req);
 

@@ -192,6 +192,7 @@ def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_
 
 
 # -- data-dependent output shapes: the host learns the size (a counted host sync) -------------------
+from .. import eager_buckets as _eager_buckets  # noqa: E402
 from .. import executor as _X  # noqa: E402
 from .. import metrics as _metrics  # noqa: E402
 from ..tables import direct  # noqa: E402
@@ -201,7 +202,8 @@ from ..tables import direct  # noqa: E402
 def nonzero(self):
     _metrics.inc("op.nonzero")
     idx = torch.nonzero(_X.read_host(self, "nonzero"))
-    return idx.to(self.device)
+    # the count's bucket (sticky per input shape): later ops compile once per bucket, not once per count
+    return _eager_buckets.rows_tensor(idx, self.device, ("nonzero", tuple(self.shape), self.dtype), self.numel())
 
 
 @direct("masked_select")
@@ -209,7 +211,8 @@ def masked_select(self, mask):
     _metrics.inc("op.masked_select")
     shape = torch.broadcast_shapes(self.shape, mask.shape)
     m = _X.read_host(mask.expand(shape) if mask.device.type == "tpu" else mask.expand(shape).to(self.device), "masked_select")
-    flat_idx = torch.nonzero(m.reshape(-1)).reshape(-1).to(self.device)
+    flat_idx = _eager_buckets.rows_tensor(torch.nonzero(m.reshape(-1)).reshape(-1), self.device,
+                                          ("masked_select", shape), m.numel())
     return self.expand(shape).reshape(-1).index_select(0, flat_idx)
 
 

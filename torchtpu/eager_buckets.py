@@ -1,0 +1,375 @@
+"""Bucketed rows in the eager modes: a data-dependent row count without a program per count.
+
+A storage can be *bucketed*: its first ``n`` rows are valid and the rest, up to its capacity (a bucket of
+``set_shape_buckets``, by default the next power of two), is padding. ``nonzero`` makes one (and so ``where(cond)``,
+boolean-mask indexing, ``masked_select``); so does every op below whose result follows the rows. A tensor whose dim
+``d`` walks those rows (size ``n``, stride one row; its other dims and offset inside one row: ``token, slot =
+where(...)``, ``x[token]``, ``y.t()``) is keyed by the op table (csrc/executor/kernel.cpp) with the capacity in
+place of ``n``, and ``n`` travels as a runtime value: every count of a bucket shares one table entry, one fragment,
+and in fused mode one chunk program.
+
+On a table miss :func:`lower` lowers the op with the op's own rule at the capacity (the argument replaced by its
+capacity-row view of the same storage) when this module can prove it right there:
+
+- ops that treat rows alone (pointwise, reductions and softmax over other dims, matmul rows, ``index`` /
+  ``index_select`` / ``embedding`` with a bucketed index, sort/topk along other dims): padding rows compute
+  padding, valid rows are exact; a bucketed index reads its padding as 0 (no false out-of-range check);
+- ops that sum across rows (a sum over the rows, a matmul contracting them, ``index_add`` / ``index_put`` with
+  accumulation / ``embedding``'s backward with a bucketed index and values, layer norm's weight gradient): every
+  bucketed input reads its padding as 0 first (``select``, so NaN-safe), which adds nothing.
+
+A result whose shape follows the rows (its dim is the capacity at the capacity, capacity + 1 at capacity + 1) is
+bucketed again when the rows are its outermost dim (its exact view is then contiguous, as on cuda). Anything else
+(other ops, random draws, a second row count in one op, exact tensors as large as the capacity) answers ``exact``:
+the table keys that call at its exact sizes, as without buckets (right, a program per count), counted in
+``op_table.bucket_exact``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from . import _C, buckets, metrics
+from . import emit as E
+
+EXACT = ("exact",)
+ROWS_CLASS = 0  # one row class per op (a second one answers exact)
+
+
+class Decline(Exception):
+    """This call is not provably right at the capacity: it runs at its exact sizes."""
+
+
+def sync() -> None:
+    """Turns the C++ path's bucketing on or off with the policy (torchtpu.set_shape_buckets); off while debug
+    mode's NaN check is on (it reads whole buffers, padding included)."""
+    from . import executor
+
+    _STICKY.clear()  # capacities of the previous policy's buckets
+    _C._set_eager_buckets(buckets.enabled() and not executor._check_nans)
+
+
+_STICKY: dict = {}  # (op, input shape, dtype) -> the largest capacity its counts were given (bounded)
+_STICKY_MAX = 256
+
+
+def rows_tensor(host: torch.Tensor, device, source=None, bound=None) -> torch.Tensor:
+    """The rows of `host` (a CPU tensor whose dim 0 is a data-dependent count) on the device, in a storage of the
+    count's bucket with the padding zeroed (a count that fills its bucket is bucketed too, with no padding: it shares
+    the bucket's entries); a count of 0 or 1, or with buckets off: exact.
+
+    `source` (a hashable: the op and its input's shape) makes the capacity sticky: the counts of one source share
+    the largest bucket it has given, up to the bucket of `bound` (the most rows it can have). The experts of an MoE
+    layer route counts that straddle a bucket boundary; with one capacity for all of them, a fused chunk over every
+    expert is one program instead of one per combination of buckets (at most twice the rows of the exact bucket)."""
+    n = host.shape[0] if host.dim() else 0
+    if n < 2 or not buckets.enabled():
+        return host.to(device)
+    cap = buckets.bucket(n)
+    if source is not None:
+        cap = max(cap, min(_STICKY.get(source, 0), buckets.bucket(bound) if bound is not None else cap))
+        if source not in _STICKY and len(_STICKY) >= _STICKY_MAX:
+            _STICKY.pop(next(iter(_STICKY)))
+        _STICKY[source] = cap
+    if host.numel() == 0:
+        return host.to(device)
+    padded = torch.zeros((cap, *host.shape[1:]), dtype=host.dtype)
+    padded[:n] = host
+    dev = padded.to(device)
+    out = dev[:n]
+    _C._set_rows(out, n, out.stride(0) * out.element_size())
+    return out
+
+
+def mask(tr, v, dim, fill):
+    """v (a capacity-row value) with its rows past the valid count along dim replaced by fill."""
+    fn = tr.fn
+    n = tr.rows(ROWS_CLASS)
+    pos = E.iota(fn, v.shape, dim)
+    valid = E.compare(pos, E.broadcast_to(n, v.shape), "LT")
+    if fill in ("min", "max"):
+        dt = v.dtype
+        if dt == torch.bool:
+            fill = fill == "max"
+        elif dt.is_floating_point:
+            fill = float("-inf") if fill == "min" else float("inf")
+        else:
+            fill = getattr(torch.iinfo(dt), fill)
+    return E.select(valid, v, E.const(fn, fill, v.dtype, v.shape))
+
+
+# -- which ops, and how ------------------------------------------------------------------------------------------------
+_ROWWISE_EXTRA = {
+    "where.self", "clone", "_to_copy", "copy_", "copy", "fill_.Scalar", "fill_.Tensor", "fill.Scalar", "fill.Tensor",
+    "zero_", "zeros_like", "ones_like", "empty_like", "full_like", "masked_fill.Scalar", "masked_fill.Tensor",
+    "masked_fill_.Scalar", "masked_fill_.Tensor", "new_zeros", "new_ones", "new_empty", "new_full",
+    "new_empty_strided", "gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward",
+    "logit_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",
+}
+
+# reductions and per-row normalizations: (argument index of the dims, default when absent: None = every dim)
+_REDUCE = {
+    "sum.dim_IntList": (1, None), "sum": (None, None), "mean.dim": (1, None), "amax": (1, None),
+    "amin": (1, None), "max.dim": (1, None), "min.dim": (1, None), "argmax": (1, None), "argmin": (1, None),
+    "any.dim": (1, None), "all.dim": (1, None), "any.dims": (1, None), "all.dims": (1, None),
+    "prod.dim_int": (1, None), "logsumexp": (1, None), "var.correction": (1, None), "std.correction": (1, None),
+    "var_mean.correction": (1, None), "std_mean.correction": (1, None), "linalg_vector_norm": (2, None),
+    "_softmax": (1, None), "_log_softmax": (1, None), "_softmax_backward_data": (2, None),
+    "_log_softmax_backward_data": (2, None), "cumsum": (1, None), "cumprod": (1, None), "logcumsumexp": (1, None),
+    "topk": (2, -1), "sort": (1, -1), "sort.stable": (2, -1), "max": (None, None), "min": (None, None),
+    "prod": (None, None), "any": (None, None), "all": (None, None),
+}
+# along the rows, these are right as they are: the valid rows of a prefix scan read only valid rows
+_PREFIX = {"cumsum", "cumprod", "logcumsumexp"}
+# along the rows, these are right once the padding reads as their identity ("min": the dtype's lowest value)
+_IDENTITY = {"sum.dim_IntList": 0, "sum": 0, "amax": "min", "amin": "max", "max.dim": "min", "min.dim": "max",
+             "max": "min", "min": "max", "argmax": "min", "argmin": "max", "prod.dim_int": 1, "prod": 1,
+             "any.dim": 0, "any.dims": 0, "any": 0, "all.dim": 1, "all.dims": 1, "all": 1}
+
+# matmuls: the role of each dim of (a, b): r = result rows, c = result columns, k = contracted, b = batch
+_MATMUL = {"mm": (0, 1, ("r", "k"), ("k", "c")), "addmm": (1, 2, ("r", "k"), ("k", "c")),
+           "bmm": (0, 1, ("b", "r", "k"), ("b", "k", "c")), "baddbmm": (1, 2, ("b", "r", "k"), ("b", "k", "c"))}
+
+
+def _base(name):
+    return name[: -len(".default")] if name.endswith(".default") else name
+
+
+def _dims(value, nd, default):
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        return set(range(nd)) if default is None else {default % max(nd, 1)}
+    if isinstance(value, int):
+        return {value % max(nd, 1)}
+    return {int(d) % max(nd, 1) for d in value}
+
+
+def _classify(fname, args, kwargs, bdim):
+    """The masks (id(tensor) -> fill) that make the rule right at the capacity; raises Decline."""
+    name = _base(fname)
+    packet = name.split(".")[0]
+    op = getattr(getattr(torch.ops.aten, packet), name.split(".")[1] if "." in name else "default", None)
+    every = [a for a in (*args, *kwargs.values())]
+    flat = []
+    for a in every:
+        flat.extend(a if isinstance(a, (list, tuple)) else [a])
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    bucketed = [t for t in tensors if id(t) in bdim]
+
+    if name in _REDUCE:
+        pos, default = _REDUCE[name]
+        x = args[0]
+        if name in ("_softmax_backward_data", "_log_softmax_backward_data"):
+            x = args[1]
+        if any(t.dim() != x.dim() or bdim[id(t)] != bdim.get(id(x)) for t in bucketed):
+            raise Decline(f"{name}: bucketed inputs laid out differently")
+        given = (args[pos] if pos is not None and len(args) > pos else kwargs.get("dim")) if pos is not None else None
+        reduced = _dims(given, x.dim(), default)
+        d = bdim[id(bucketed[0])]
+        if d not in reduced:
+            return {}
+        if packet in _PREFIX:
+            return {}
+        if name in _IDENTITY:
+            if packet in ("argmax", "argmin") and len(reduced) > 1 and d != 0:
+                raise Decline(f"{name}: a flat index over rows that are not the outermost dim")
+            return {id(t): _IDENTITY[name] for t in bucketed}
+        raise Decline(f"{name} across the rows")
+
+    if packet in _MATMUL:
+        ia, ib, ra, rb = _MATMUL[packet]
+        a, b = args[ia], args[ib]
+        if any(id(t) in bdim for t in (*args[:ia], *args[ib + 1:]) if isinstance(t, torch.Tensor)):
+            raise Decline(f"{name}: a bucketed bias")
+        roles = {ra[bdim[id(a)]]} if id(a) in bdim else set()
+        roles |= {rb[bdim[id(b)]]} if id(b) in bdim else set()
+        if "k" in roles:
+            if not (id(a) in bdim and id(b) in bdim and ra[bdim[id(a)]] == "k" and rb[bdim[id(b)]] == "k"):
+                raise Decline(f"{name}: contracting rows with an exact operand")
+            return {id(a): 0, id(b): 0}
+        if len(roles) > 1:
+            raise Decline(f"{name}: rows in two roles")
+        return {}
+
+    if name == "index.Tensor":
+        self, indices = args[0], args[1]
+        if id(self) in bdim:
+            raise Decline("index: a bucketed self")
+        idx = [i for i in indices if i is not None]
+        if any(id(i) not in bdim or i.dim() != 1 for i in idx if id(i) in bdim) or not any(id(i) in bdim for i in idx):
+            raise Decline("index: bucketed indices of several dims")
+        return {id(i): 0 for i in idx if id(i) in bdim}
+
+    if name == "index_select":
+        self, dim, index = args[0], args[1], args[2]
+        if id(self) in bdim and bdim[id(self)] == dim % self.dim():
+            raise Decline("index_select along the rows")
+        return {id(index): 0} if id(index) in bdim else {}
+
+    if name == "embedding":
+        if id(args[0]) in bdim:
+            raise Decline("embedding: a bucketed weight")
+        return {id(args[1]): 0}
+
+    if name == "embedding_dense_backward":
+        if len(args) > 4 and args[4]:
+            raise Decline("embedding backward scaled by frequency")
+        return {id(t): 0 for t in bucketed}
+
+    if name == "index_add":
+        self, dim, index, source = args[0], args[1], args[2], args[3]
+        if id(self) in bdim or id(index) not in bdim or bdim.get(id(source)) != dim % max(source.dim(), 1):
+            raise Decline("index_add: rows other than a bucketed index and its source rows")
+        return {id(index): 0, id(source): 0}
+
+    if name in ("index_put", "_index_put_impl_"):
+        self, indices, values = args[0], args[1], args[2]
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        idx = [i for i in indices if i is not None]
+        if not accumulate or id(self) in bdim or id(values) not in bdim or any(
+                id(i) not in bdim or i.dim() != 1 for i in idx):
+            raise Decline(f"index_put: not an accumulation of bucketed values at bucketed indices (accumulate "
+                          f"{bool(accumulate)}, self {id(self) in bdim}, values {tuple(values.shape)} "
+                          f"{values.stride()} {id(values) in bdim}, indices "
+                          f"{[(tuple(i.shape), i.dtype, id(i) in bdim) for i in idx]})")
+        where = [k for k, i in enumerate(indices) if i is not None]
+        start = where[0] if where == list(range(where[0], where[0] + len(where))) else 0
+        result_nd = self.dim() - len(indices) + 1
+        if result_nd - values.dim() + bdim[id(values)] != start:
+            raise Decline("index_put: values' rows are not the indices' rows")
+        return {id(t): 0 for t in bucketed}
+
+    if name == "cat":
+        xs, dim = args[0], (args[1] if len(args) > 1 else kwargs.get("dim", 0))
+        nd = max(t.dim() for t in xs)
+        ds = {bdim.get(id(t)) for t in xs if t.dim() == nd}
+        if len(ds) != 1 or None in ds or dim % nd in ds:
+            raise Decline("cat: along the rows, or of tensors with and without them")
+        return {}
+
+    if name == "native_layer_norm":
+        x, shape = args[0], args[1]
+        if any(t is not x for t in bucketed) or bdim[id(x)] >= x.dim() - len(shape):
+            raise Decline("layer_norm over the rows")
+        return {}
+
+    if name == "native_layer_norm_backward":
+        x, shape = args[1], args[2]
+        if bdim.get(id(x)) is None or bdim[id(x)] >= x.dim() - len(shape):
+            raise Decline("layer_norm backward over the rows")
+        return {id(t): 0 for t in bucketed}  # the weight and bias gradients sum over the rows
+
+    if (op is not None and torch.Tag.pointwise in op.tags) or name in _ROWWISE_EXTRA:
+        nd = max(t.dim() for t in tensors)
+        at = {nd - t.dim() + bdim[id(t)] for t in bucketed}
+        if len(at) != 1:
+            raise Decline(f"{name}: bucketed rows broadcast onto different dims")
+        d = at.pop()
+        for t in tensors:  # an exact tensor along the rows: broadcast against the capacity, it would pass unseen
+            k = d - (nd - t.dim())
+            if id(t) not in bdim and 0 <= k and t.shape[k] != 1:
+                raise Decline(f"{name}: an exact tensor along the rows")
+        return {}
+
+    raise Decline(f"{name} has no bucketed-rows rule")
+
+
+def _standins(values, bucketed, extra=0, meta=False):
+    """values with each bucketed tensor argument as its capacity-row view (+ extra rows; meta: meta tensors)."""
+    vals = list(values)
+    bdim = {}
+    for arg, elem, dim, _cls, cap in bucketed:
+        t = vals[arg] if elem < 0 else vals[arg][elem]
+        size = list(t.shape)
+        size[dim] = cap + extra
+        s = (torch.empty_strided(size, t.stride(), dtype=t.dtype, device="meta") if meta
+             else t.as_strided(size, t.stride(), t.storage_offset()))
+        if elem < 0:
+            vals[arg] = s
+        else:
+            lst = list(vals[arg])
+            lst[elem] = s
+            vals[arg] = lst
+        bdim[id(s)] = dim
+    return vals, bdim
+
+
+def lower(name, values, runtime_slots, storages, device, rows, bucketed):
+    """The table entry of a bucketed signature (kernels.lower's): (entry, registration); EXACT when declined."""
+    from . import kernels
+
+    try:
+        if len(rows) != 1:
+            raise Decline("two row counts in one op")
+        with torch.no_grad():
+            vals, bdim = _standins(values, bucketed)
+        call = kernels._Call(name, vals, True, runtime_slots, storages, device)
+        kind, fname, _rule, _ = call.info
+        if kind == "out":
+            raise Decline("an out= form")
+        try:
+            plan = _classify(fname, call.args, call.kwargs, bdim)
+        except (IndexError, KeyError, TypeError, AttributeError) as e:  # an argument shape this module did not foresee
+            raise Decline(f"{name}: {type(e).__name__}") from None
+        call.masks = {i: (bdim[i], fill) for i, fill in plan.items()}
+        try:
+            entry = list(call.entry())
+        except kernels._Python:
+            return ("python",), None
+        except Exception as e:  # noqa: BLE001 — a call wrong at its exact sizes raises there, with its own message
+            raise Decline(f"the rule failed at the capacity ({type(e).__name__})") from None
+        _, fid, _, scalar_params, _, outputs, *_ = entry
+        if any(s[0] == 2 for s in scalar_params):  # FROM_RNG: the draws would follow the capacity
+            raise Decline("random numbers")
+        if fid >= 0 and entry[8] and not any(call.masks.values()) and name.split(".")[0] not in (
+                "index", "index_select", "embedding"):
+            raise Decline("device-side checks over padding rows")
+        entry[5] = _follow(call, values, bucketed, outputs)
+        return tuple(entry), call.registration
+    except Decline as e:
+        metrics.inc(f"eager_buckets.declined.{_base(name)}")  # once per signature (the table keeps the answer)
+        if os.environ.get("TORCHTPU_BUCKETS_DEBUG"):
+            print(f"torchtpu: eager buckets: {name} runs at exact sizes: {e}", file=sys.stderr)
+        return EXACT, None
+
+
+def _follow(call, values, bucketed, outputs):
+    """The outputs with the rows they follow: (..., row class, dim) for a new output whose dim is the capacity."""
+    if not any(o[0] == 0 for o in outputs):
+        return outputs
+    from . import kernels
+
+    cap = bucketed[0][4]
+    mvals, _ = _standins(values, bucketed, extra=1, meta=True)
+    margs, mkwargs = [], {}
+    for a, v in zip(call.op._schema.arguments, mvals):
+        if a.kwarg_only:
+            mkwargs[a.name] = v
+        else:
+            margs.append(v)
+    try:
+        more = kernels._as_tuple(kernels.meta(call.op, call.name, margs, mkwargs))
+    except Exception:  # noqa: BLE001
+        raise Decline("no metadata at another capacity") from None
+    out = []
+    new = [m for m in more]
+    for j, o in enumerate(outputs):
+        if o[0] != 0:
+            out.append(o)
+            continue
+        sizes, strides = list(o[3]), list(o[4])
+        m = new[j] if j < len(new) else None
+        if m is None:
+            raise Decline("outputs differ at another capacity")
+        grew = [d for d, (a, b) in enumerate(zip(sizes, m.shape)) if a != b]
+        if len(m.shape) != len(sizes) or any(sizes[d] != cap or m.shape[d] != cap + 1 for d in grew) or len(grew) > 1:
+            raise Decline("an output shape that is not the rows")
+        if not grew:
+            out.append(o)
+            continue
+        d = grew[0]
+        if any(s != 1 for s in sizes[:d]) or strides != list(torch.empty(sizes, device="meta").stride()):
+            raise Decline("rows that are not an output's outermost dim")
+        out.append((*o[:6], ROWS_CLASS, d))
+    return out
