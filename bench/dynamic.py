@@ -27,6 +27,7 @@ import zoo  # noqa: E402
 
 ROWS = ["mixtral", "mixtral_eager_experts", "topk_moe", "gpt2_varlen", "mixtral_varlen"]
 COMPILED = {"gpt2_varlen", "mixtral_varlen"}  # also under torch.compile(backend="tpu", dynamic=True): bucketed sizes
+ROUTED = {"topk_moe", "mixtral_eager_experts"}  # data-dependent counts: eager modes bucket them (before: exact sizes)
 
 
 def _bucket(n, lo=16):
@@ -49,15 +50,16 @@ def main():
           "loss vs cpu (max rel.) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name in args.models:
-        modes = args.modes.split(",") + (["compiled, exact sizes", "compiled"] if name in COMPILED and args.compiled
-                                         else [])
+        eager = args.modes.split(",")
+        modes = ([f"{m}, exact sizes" for m in eager] if name in ROUTED else []) + eager + (
+            ["compiled, exact sizes", "compiled"] if name in COMPILED and args.compiled else [])
         for mode in modes:
             torch._dynamo.reset()
             torchtpu.cache.clear()  # each row compiles what it runs (no executables left by the row before)
             torchtpu._C._clear_chunk_cache()
             compiled = mode.startswith("compiled")
-            torchtpu.set_shape_buckets(None if mode == "compiled, exact sizes" else "pow2")  # before / after
-            with torchtpu.mode("strict" if compiled else mode):
+            torchtpu.set_shape_buckets(None if mode.endswith("exact sizes") else "pow2")  # before / after
+            with torchtpu.mode("strict" if compiled else mode.split(",")[0]):
                 r = zoo.side_by_side(name, steps=args.steps, compiled=compiled)
             torchtpu.set_shape_buckets("pow2")
             cpu_t = statistics.median(r["cpu"]["times"][2:])
