@@ -103,7 +103,7 @@ def mask(tr, v, dim, fill):
 # -- which ops, and how ------------------------------------------------------------------------------------------------
 _ROWWISE_EXTRA = {
     "where.self", "clone", "_to_copy", "copy_", "copy", "fill_.Scalar", "fill_.Tensor", "fill.Scalar", "fill.Tensor",
-    "zero_", "zeros_like", "ones_like", "empty_like", "full_like", "masked_fill.Scalar", "masked_fill.Tensor",
+    "zero_", "zero", "zeros_like", "ones_like", "empty_like", "full_like", "masked_fill.Scalar", "masked_fill.Tensor",
     "masked_fill_.Scalar", "masked_fill_.Tensor", "new_zeros", "new_ones", "new_empty", "new_full",
     "new_empty_strided", "gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward",
     "logit_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",

@@ -727,7 +727,8 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
   const Mode mode = get_mode();
   const Entry* entry = nullptr;
   c10::SmallVector<at::Tensor, 2> outs;
-  sig.bucketing = g_eager_buckets.load(std::memory_order_relaxed);
+  bool bucketing = g_eager_buckets.load(std::memory_order_relaxed);
+  sig.bucketing = bucketing;
   {
     std::unique_lock<std::recursive_mutex> lk(exec_mutex());
     build_sig(*info, *stack, sig);
@@ -740,7 +741,7 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
     entry = find_entry(sig, *stack, base);
     if (entry != nullptr && entry->kind == Entry::kExact) {  // the rules keep these sizes exact: key them so
       g_bucket_exact += 1;
-      sig.bucketing = false;
+      sig.bucketing = bucketing = false;
       build_sig(*info, *stack, sig);
       entry = find_entry(sig, *stack, base);
     }
@@ -767,7 +768,7 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
       g_bucket_exact += 1;
       {
         std::lock_guard<std::recursive_mutex> lk(exec_mutex());
-        sig.bucketing = false;
+        sig.bucketing = bucketing = false;
         build_sig(*info, *stack, sig);
         entry = find_entry(sig, *stack, base);
       }
@@ -787,7 +788,10 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
   bool want_cut;
   {
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
-    build_sig(*info, *stack, sig);  // the storages' values may have moved on while Python ran (same bucketing)
+    // the storages' values may have moved on while Python ran (which may have reused this thread's Sig): the
+    // signature again, bucketed as the entry was chosen
+    sig.bucketing = bucketing;
+    build_sig(*info, *stack, sig);
     want_cut = record_entry(*entry, sig, stack, base, outs, line);
   }
   const c10::DeviceIndex device = sig.device;
