@@ -102,6 +102,32 @@ def test_declined_ops_run_exact():
     assert _delta(c0, "op_table.bucket_exact")["op_table.bucket_exact"] >= 2
 
 
+def test_exact_tensors_along_the_rows_raise_as_on_cpu():
+    """A count that fills its bucket (8 of 8) shares the entry of the smaller counts: an exact tensor that fits the
+    rows there (an index, a bias) must not then pass silently with 5 rows, where cpu raises."""
+    torch.manual_seed(0)
+    w = torch.randn(6, 4)
+    other = torch.randint(0, 4, (8,))
+    bias = torch.randn(8, 4)
+    m = torch.randn(3, 4)
+    for n in (8, 5):
+        i = torch.randint(0, 6, (n,))
+        a = torch.randn(n, 3)
+        bi, ba = eager_bucket_sweep.bucketed(i, 8), eager_bucket_sweep.bucketed(a, 8)
+        if n == 8:
+            assert torch.equal(w.to("tpu")[bi, other.to("tpu")].cpu(), w[i, other])
+            assert torch.allclose(torch.addmm(bias.to("tpu"), ba, m.to("tpu")).cpu(), torch.addmm(bias, a, m))
+            continue
+        with pytest.raises(Exception):
+            w[i, other]
+        with pytest.raises(Exception, match="shape"):
+            w.to("tpu")[bi, other.to("tpu")].cpu()
+        with pytest.raises(Exception):
+            torch.addmm(bias, a, m)
+        with pytest.raises(Exception, match="addmm"):
+            torch.addmm(bias.to("tpu"), ba, m.to("tpu")).cpu()
+
+
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_topk_moe_routing_compiles_once(mode):
     """The hand-written top-k router (where, gather, expert MLPs, index_add_), forward and backward: equal to cpu,

@@ -164,6 +164,8 @@ def _classify(fname, args, kwargs, bdim):
             x = args[1]
         if any(t.dim() != x.dim() or bdim[id(t)] != bdim.get(id(x)) for t in bucketed):
             raise Decline(f"{name}: bucketed inputs laid out differently")
+        if any(id(t) not in bdim for t in tensors):  # a softmax backward's other operand at its exact size
+            raise Decline(f"{name}: an exact tensor beside the rows")
         given = (args[pos] if pos is not None and len(args) > pos else kwargs.get("dim")) if pos is not None else None
         reduced = _dims(given, x.dim(), default)
         d = bdim[id(bucketed[0])]
@@ -190,6 +192,12 @@ def _classify(fname, args, kwargs, bdim):
             return {id(a): 0, id(b): 0}
         if len(roles) > 1:
             raise Decline(f"{name}: rows in two roles")
+        out_pos = {"b": 0, "r": len(ra) - 2, "c": len(ra) - 1}
+        for bias in (t for t in (*args[:ia], *args[ib + 1:]) if isinstance(t, torch.Tensor)):
+            for role in roles:  # an exact bias along the rows: broadcast against the capacity, it would pass unseen
+                k = out_pos[role] - (len(ra) - bias.dim())
+                if 0 <= k and bias.shape[k] != 1:
+                    raise Decline(f"{name}: an exact bias along the rows")
         return {}
 
     if name == "index.Tensor":
@@ -197,8 +205,10 @@ def _classify(fname, args, kwargs, bdim):
         if id(self) in bdim:
             raise Decline("index: a bucketed self")
         idx = [i for i in indices if i is not None]
-        if any(id(i) not in bdim or i.dim() != 1 for i in idx if id(i) in bdim) or not any(id(i) in bdim for i in idx):
+        if any(i.dim() != 1 for i in idx if id(i) in bdim) or not any(id(i) in bdim for i in idx):
             raise Decline("index: bucketed indices of several dims")
+        if any(id(i) not in bdim and i.numel() != 1 for i in idx):  # it would broadcast against the capacity
+            raise Decline("index: an exact index beside the bucketed ones")
         return {id(i): 0 for i in idx if id(i) in bdim}
 
     if name == "index_select":
@@ -215,6 +225,8 @@ def _classify(fname, args, kwargs, bdim):
     if name == "embedding_dense_backward":
         if len(args) > 4 and args[4]:
             raise Decline("embedding backward scaled by frequency")
+        if id(args[0]) not in bdim or id(args[1]) not in bdim:
+            raise Decline("embedding backward: gradient and indices not both on the rows")
         return {id(t): 0 for t in bucketed}
 
     if name == "index_add":
@@ -258,6 +270,8 @@ def _classify(fname, args, kwargs, bdim):
         x, shape = args[1], args[2]
         if bdim.get(id(x)) is None or bdim[id(x)] >= x.dim() - len(shape):
             raise Decline("layer_norm backward over the rows")
+        if any(isinstance(t, torch.Tensor) and id(t) not in bdim for t in (args[0], args[3], args[4])):
+            raise Decline("layer_norm backward: gradient, mean or rstd at its exact size")
         return {id(t): 0 for t in bucketed}  # the weight and bias gradients sum over the rows
 
     if (op is not None and torch.Tag.pointwise in op.tags) or name in _ROWWISE_EXTRA:
