@@ -110,6 +110,7 @@ def test_exact_tensors_along_the_rows_raise_as_on_cpu():
     other = torch.randint(0, 4, (8,))
     bias = torch.randn(8, 4)
     m = torch.randn(3, 4)
+    batch = torch.randn(8, 3, 2)
     for n in (8, 5):
         i = torch.randint(0, 6, (n,))
         a = torch.randn(n, 3)
@@ -117,7 +118,10 @@ def test_exact_tensors_along_the_rows_raise_as_on_cpu():
         if n == 8:
             assert torch.equal(w.to("tpu")[bi, other.to("tpu")].cpu(), w[i, other])
             assert torch.allclose(torch.addmm(bias.to("tpu"), ba, m.to("tpu")).cpu(), torch.addmm(bias, a, m))
+            assert torch.allclose(torch.bmm(ba.unsqueeze(1), batch.to("tpu")).cpu(), torch.bmm(a.unsqueeze(1), batch))
             continue
+        with pytest.raises(Exception, match="bmm"):
+            torch.bmm(ba.unsqueeze(1), batch.to("tpu")).cpu()
         with pytest.raises(Exception):
             w[i, other]
         with pytest.raises(Exception, match="shape"):

@@ -192,6 +192,8 @@ def _classify(fname, args, kwargs, bdim):
             return {id(a): 0, id(b): 0}
         if len(roles) > 1:
             raise Decline(f"{name}: rows in two roles")
+        if "b" in roles and not (id(a) in bdim and id(b) in bdim):
+            raise Decline(f"{name}: a batch of rows against an exact batch")
         out_pos = {"b": 0, "r": len(ra) - 2, "c": len(ra) - 1}
         for bias in (t for t in (*args[:ia], *args[ib + 1:]) if isinstance(t, torch.Tensor)):
             for role in roles:  # an exact bias along the rows: broadcast against the capacity, it would pass unseen
