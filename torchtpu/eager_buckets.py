@@ -33,6 +33,7 @@ import torch
 
 from . import _C, buckets, metrics
 from . import emit as E
+from .trace import FROM_RNG
 
 EXACT = ("exact",)
 ROWS_CLASS = 0  # one row class per op (a second one answers exact)
@@ -83,21 +84,16 @@ def rows_tensor(host: torch.Tensor, device, source=None, bound=None) -> torch.Te
     return out
 
 
-def mask(tr, v, dim, fill):
-    """v (a capacity-row value) with its rows past the valid count along dim replaced by fill."""
+def mask(tr, v, dim, kind):
+    """v (a capacity-row value) with its rows past the valid count along dim replaced by the identity of reduction
+    `kind` ("add": 0, "maximum": the dtype's lowest value, ...) in v's dtype."""
+    from .lowering.reduction import _init
+
     fn = tr.fn
     n = tr.rows(ROWS_CLASS)
     pos = E.iota(fn, v.shape, dim)
     valid = E.compare(pos, E.broadcast_to(n, v.shape), "LT")
-    if fill in ("min", "max"):
-        dt = v.dtype
-        if dt == torch.bool:
-            fill = fill == "max"
-        elif dt.is_floating_point:
-            fill = float("-inf") if fill == "min" else float("inf")
-        else:
-            fill = getattr(torch.iinfo(dt), fill)
-    return E.select(valid, v, E.const(fn, fill, v.dtype, v.shape))
+    return E.select(valid, v, E.broadcast_to(E.convert(_init(fn, kind, v.dtype), v.dtype), v.shape))
 
 
 # -- which ops, and how ------------------------------------------------------------------------------------------------
@@ -123,18 +119,16 @@ _REDUCE = {
 }
 # along the rows, these are right as they are: the valid rows of a prefix scan read only valid rows
 _PREFIX = {"cumsum", "cumprod", "logcumsumexp"}
-# along the rows, these are right once the padding reads as their identity ("min": the dtype's lowest value)
-_IDENTITY = {"sum.dim_IntList": 0, "sum": 0, "amax": "min", "amin": "max", "max.dim": "min", "min.dim": "max",
-             "max": "min", "min": "max", "argmax": "min", "argmin": "max", "prod.dim_int": 1, "prod": 1,
-             "any.dim": 0, "any.dims": 0, "any": 0, "all.dim": 1, "all.dims": 1, "all": 1}
+# along the rows, these are right once the padding reads as the identity of their reduction (lowering/reduction.py)
+ZERO = "add"  # the padding of sums, contractions and indices reads as 0
+_IDENTITY = {"sum.dim_IntList": ZERO, "sum": ZERO, "amax": "maximum", "amin": "minimum", "max.dim": "maximum",
+             "min.dim": "minimum", "max": "maximum", "min": "minimum", "argmax": "maximum", "argmin": "minimum",
+             "prod.dim_int": "multiply", "prod": "multiply", "any.dim": "or", "any.dims": "or", "any": "or",
+             "all.dim": "and", "all.dims": "and", "all": "and"}
 
 # matmuls: the role of each dim of (a, b): r = result rows, c = result columns, k = contracted, b = batch
 _MATMUL = {"mm": (0, 1, ("r", "k"), ("k", "c")), "addmm": (1, 2, ("r", "k"), ("k", "c")),
            "bmm": (0, 1, ("b", "r", "k"), ("b", "k", "c")), "baddbmm": (1, 2, ("b", "r", "k"), ("b", "k", "c"))}
-
-
-def _base(name):
-    return name[: -len(".default")] if name.endswith(".default") else name
 
 
 def _dims(value, nd, default):
@@ -146,13 +140,15 @@ def _dims(value, nd, default):
 
 
 def _classify(fname, args, kwargs, bdim):
-    """The masks (id(tensor) -> fill) that make the rule right at the capacity; raises Decline."""
-    name = _base(fname)
+    """The masks (id(tensor) -> the reduction whose identity its padding reads as) that make the rule right at the
+    capacity; raises Decline."""
+    from .kernels import _cpp_name
+
+    name = _cpp_name(fname)
     packet = name.split(".")[0]
     op = getattr(getattr(torch.ops.aten, packet), name.split(".")[1] if "." in name else "default", None)
-    every = [a for a in (*args, *kwargs.values())]
     flat = []
-    for a in every:
+    for a in (*args, *kwargs.values()):
         flat.extend(a if isinstance(a, (list, tuple)) else [a])
     tensors = [t for t in flat if isinstance(t, torch.Tensor)]
     bucketed = [t for t in tensors if id(t) in bdim]
@@ -189,7 +185,7 @@ def _classify(fname, args, kwargs, bdim):
         if "k" in roles:
             if not (id(a) in bdim and id(b) in bdim and ra[bdim[id(a)]] == "k" and rb[bdim[id(b)]] == "k"):
                 raise Decline(f"{name}: contracting rows with an exact operand")
-            return {id(a): 0, id(b): 0}
+            return {id(a): ZERO, id(b): ZERO}
         if len(roles) > 1:
             raise Decline(f"{name}: rows in two roles")
         if "b" in roles and not (id(a) in bdim and id(b) in bdim):
@@ -211,31 +207,31 @@ def _classify(fname, args, kwargs, bdim):
             raise Decline("index: bucketed indices of several dims")
         if any(id(i) not in bdim and i.numel() != 1 for i in idx):  # it would broadcast against the capacity
             raise Decline("index: an exact index beside the bucketed ones")
-        return {id(i): 0 for i in idx if id(i) in bdim}
+        return {id(i): ZERO for i in idx if id(i) in bdim}
 
     if name == "index_select":
         self, dim, index = args[0], args[1], args[2]
         if id(self) in bdim and bdim[id(self)] == dim % self.dim():
             raise Decline("index_select along the rows")
-        return {id(index): 0} if id(index) in bdim else {}
+        return {id(index): ZERO} if id(index) in bdim else {}
 
     if name == "embedding":
         if id(args[0]) in bdim:
             raise Decline("embedding: a bucketed weight")
-        return {id(args[1]): 0}
+        return {id(args[1]): ZERO}
 
     if name == "embedding_dense_backward":
         if len(args) > 4 and args[4]:
             raise Decline("embedding backward scaled by frequency")
         if id(args[0]) not in bdim or id(args[1]) not in bdim:
             raise Decline("embedding backward: gradient and indices not both on the rows")
-        return {id(t): 0 for t in bucketed}
+        return {id(t): ZERO for t in bucketed}
 
     if name == "index_add":
         self, dim, index, source = args[0], args[1], args[2], args[3]
         if id(self) in bdim or id(index) not in bdim or bdim.get(id(source)) != dim % max(source.dim(), 1):
             raise Decline("index_add: rows other than a bucketed index and its source rows")
-        return {id(index): 0, id(source): 0}
+        return {id(index): ZERO, id(source): ZERO}
 
     if name in ("index_put", "_index_put_impl_"):
         self, indices, values = args[0], args[1], args[2]
@@ -252,7 +248,7 @@ def _classify(fname, args, kwargs, bdim):
         result_nd = self.dim() - len(indices) + 1
         if result_nd - values.dim() + bdim[id(values)] != start:
             raise Decline("index_put: values' rows are not the indices' rows")
-        return {id(t): 0 for t in bucketed}
+        return {id(t): ZERO for t in bucketed}
 
     if name == "cat":
         xs, dim = args[0], (args[1] if len(args) > 1 else kwargs.get("dim", 0))
@@ -274,7 +270,7 @@ def _classify(fname, args, kwargs, bdim):
             raise Decline("layer_norm backward over the rows")
         if any(isinstance(t, torch.Tensor) and id(t) not in bdim for t in (args[0], args[3], args[4])):
             raise Decline("layer_norm backward: gradient, mean or rstd at its exact size")
-        return {id(t): 0 for t in bucketed}  # the weight and bias gradients sum over the rows
+        return {id(t): ZERO for t in bucketed}  # the weight and bias gradients sum over the rows
 
     if (op is not None and torch.Tag.pointwise in op.tags) or name in _ROWWISE_EXTRA:
         nd = max(t.dim() for t in tensors)
@@ -328,23 +324,23 @@ def lower(name, values, runtime_slots, storages, device, rows, bucketed):
             plan = _classify(fname, call.args, call.kwargs, bdim)
         except (IndexError, KeyError, TypeError, AttributeError) as e:  # an argument shape this module did not foresee
             raise Decline(f"{name}: {type(e).__name__}") from None
-        call.masks = {i: (bdim[i], fill) for i, fill in plan.items()}
+        call.masks = {i: (bdim[i], kind) for i, kind in plan.items()}
         try:
             entry = list(call.entry())
         except kernels._Python:
             return ("python",), None
         except Exception as e:  # noqa: BLE001 — a call wrong at its exact sizes raises there, with its own message
             raise Decline(f"the rule failed at the capacity ({type(e).__name__})") from None
-        _, fid, _, scalar_params, _, outputs, *_ = entry
-        if any(s[0] == 2 for s in scalar_params):  # FROM_RNG: the draws would follow the capacity
+        _, fid, _, scalar_params, _, outputs, _, _, has_checks, _ = entry  # kernels._Call.entry's tuple
+        if any(s[0] == FROM_RNG for s in scalar_params):  # the draws would follow the capacity
             raise Decline("random numbers")
-        if fid >= 0 and entry[8] and not any(call.masks.values()) and name.split(".")[0] not in (
+        if fid >= 0 and has_checks and not call.masks and name.split(".")[0] not in (
                 "index", "index_select", "embedding"):
             raise Decline("device-side checks over padding rows")
         entry[5] = _follow(call, values, bucketed, outputs)
         return tuple(entry), call.registration
     except Decline as e:
-        metrics.inc(f"eager_buckets.declined.{_base(name)}")  # once per signature (the table keeps the answer)
+        metrics.inc(f"eager_buckets.declined.{kernels._cpp_name(name)}")  # once per signature (the table keeps it)
         if os.environ.get("TORCHTPU_BUCKETS_DEBUG"):
             print(f"torchtpu: eager buckets: {name} runs at exact sizes: {e}", file=sys.stderr)
         return EXACT, None
@@ -369,13 +365,12 @@ def _follow(call, values, bucketed, outputs):
     except Exception:  # noqa: BLE001
         raise Decline("no metadata at another capacity") from None
     out = []
-    new = [m for m in more]
     for j, o in enumerate(outputs):
         if o[0] != 0:
             out.append(o)
             continue
         sizes, strides = list(o[3]), list(o[4])
-        m = new[j] if j < len(new) else None
+        m = more[j] if j < len(more) else None
         if m is None:
             raise Decline("outputs differ at another capacity")
         grew = [d for d, (a, b) in enumerate(zip(sizes, m.shape)) if a != b]

@@ -155,7 +155,8 @@ class _Call:
             else:
                 self.args.append(v)
         self.device = device
-        self.masks: dict = {}  # id(argument tensor) -> (dim, fill): its padding rows read as fill (eager_buckets.py)
+        self.masks: dict = {}  # id(argument tensor) -> (dim, reduction): its padding rows read as that reduction's
+        # identity (eager_buckets.py)
 
     # storage resolution for the Trace
     def storage(self, t):
@@ -339,19 +340,18 @@ def lower(name, values, runtime_slots, storages, device, key=None, buckets=None)
                 return entry
             return (entry[0], register_fragment(registration), *entry[2:])
     metrics.inc("lowerings")
+    slots = [tuple(p) for p in runtime_slots]
     if buckets is not None:
-        entry, registration = eager_buckets.lower(name, values, [tuple(p) for p in runtime_slots], storages, device,
-                                                  *buckets)
-        if key is not None:
-            optable.remember(key, name, values, (registration, entry))
-        return entry
-    call = _Call(name, values, True, [tuple(p) for p in runtime_slots], storages, device)
-    try:
-        entry = call.entry()
-    except _Python:
-        entry, call.registration = ("python",), None
+        entry, registration = eager_buckets.lower(name, values, slots, storages, device, *buckets)
+    else:
+        call = _Call(name, values, True, slots, storages, device)
+        try:
+            entry = call.entry()
+        except _Python:
+            entry, call.registration = ("python",), None
+        registration = call.registration
     if key is not None:
-        optable.remember(key, name, values, (call.registration, entry))
+        optable.remember(key, name, values, (registration, entry))
     return entry
 
 

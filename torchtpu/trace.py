@@ -173,6 +173,7 @@ class Trace:
         self._generator_path = generator_path  # lowering: generator object -> its argument path
         self._param_of: dict = {}  # key -> the parameter Value of that storage
         self._zeros: list = []  # Values known to be all zeros (write: a storage that holds none stays so)
+        self._rows: dict = {}  # row class -> its valid-row-count parameter (bucketed rows)
 
     # -- what rules see (read-only: rules never change their context) -----------------------------
     @property
@@ -266,14 +267,11 @@ class Trace:
 
     def rows(self, cls: int) -> Value:
         """The valid row count of bucketed row class `cls` (torchtpu/eager_buckets.py) as an int64 runtime parameter."""
-        have = getattr(self, "_rows", None)
-        if have is None:
-            have = self._rows = {}
-        if cls not in have:
+        if cls not in self._rows:
             v = self.fn.param((), torch.int64)
             self._scalars.append((v, INT, (FROM_ROWS, (cls, -1), 0)))
-            have[cls] = v
-        return have[cls]
+            self._rows[cls] = v
+        return self._rows[cls]
 
     def host(self, t, path=None) -> Value:
         """A 0-d CPU tensor argument (a scalar, as on cuda): a runtime parameter of its dtype."""
