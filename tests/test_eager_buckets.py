@@ -91,13 +91,57 @@ def test_padding_is_never_read_into_a_value():
     assert torch.allclose(g.cpu(), x.t() @ x, atol=1e-5)
 
 
+def test_means_softmaxes_losses_and_scatters_over_the_rows():
+    """Ops that need the count itself (mean, var/std over the rows), softmax/log_softmax/logsumexp over them and their
+    backwards, a cross-entropy over selected rows (nll_loss: the padding rows are ignored targets), scatter_add /
+    scatter_reduce of bucketed rows into an exact tensor, row-wise scatter and gather: on poisoned padding (NaN, index
+    10**6) under debug mode's device-side checks, equal to cpu; a second count in the bucket lowers nothing."""
+    torch.manual_seed(0)
+    lowered = []
+    for n in (7, 5):
+        x, t = torch.randn(n, 4), torch.randint(0, 4, (n,))
+        cols = torch.randint(0, 3, (n, 2))
+        bx = eager_bucket_sweep.bucketed(x, 8, requires_grad=True)
+        bt, bc = eager_bucket_sweep.bucketed(t, 8), eager_bucket_sweep.bucketed(cols, 8)
+        xc = x.clone().requires_grad_()
+
+        def run(x, t, cols):
+            mean, var = x.mean(0), x.var(0)
+            sd, mu = torch.std_mean(x, 0, correction=0)
+            soft = x.softmax(0) * x.log_softmax(0).exp()
+            lse = x.logsumexp(0)
+            ce = torch.nn.functional.cross_entropy(x * 2, t)
+            ce_rows = torch.nn.functional.cross_entropy(x, t, reduction="none")
+            into = torch.zeros(4, 4, device=x.device).scatter_add(0, t[:, None].expand(-1, 4).contiguous(), x)
+            top = torch.full((4, 4), -5.0, device=x.device).scatter_reduce(  # (its backward: exact zeros)
+                0, t[:, None].expand(-1, 4).contiguous(), x, "amax")
+            whole = x.mean()  # its backward: the gradient expanded to the rows, divided (no bucketed tensor in sight)
+            with torch.no_grad():  # their backwards make zeros of the exact row count (a factory knows no rows)
+                rowwise = torch.zeros_like(x).scatter(1, cols, x[:, :2])
+                picked = x.gather(1, cols)
+            loss = mean.sum() + var.sum() + soft.sum() + lse.sum() + ce + ce_rows.sum() + into.sum() + whole
+            loss.backward()
+            return mean, var, sd, mu, soft, lse, ce, ce_rows, into, top, rowwise, picked, whole, loss
+
+        c0 = metrics.counters()
+        with torchtpu.mode("debug"):
+            got = run(bx, bt, bc)
+            grad = bx.grad.cpu()
+        lowered.append(_delta(c0, "lowerings")["lowerings"])
+        want = run(xc, t, cols)
+        for k, (a, b) in enumerate(zip(got, want)):
+            assert torch.allclose(a.detach().cpu(), b.detach(), atol=1e-5), (n, k)
+        assert torch.allclose(grad, xc.grad, atol=1e-5), n
+    assert lowered[0] > 0 and lowered[1] == 0, lowered
+
+
 def test_declined_ops_run_exact():
-    """An op without a bucketed rule (a softmax over the rows, a sort along them) runs at its exact sizes: counted,
-    and right."""
+    """An op without a bucketed rule (a flip of the rows, a sort along them) runs at its exact sizes: counted, and
+    right."""
     x = torch.randn(6, 3)
     c0 = metrics.counters()
     b = eager_bucket_sweep.bucketed(x, 8)
-    assert torch.allclose(b.softmax(0).cpu(), x.softmax(0))
+    assert torch.equal(b.flip(0).cpu(), x.flip(0))
     assert torch.equal(b.sort(0).values.cpu(), x.sort(0).values)
     assert _delta(c0, "op_table.bucket_exact")["op_table.bucket_exact"] >= 2
 

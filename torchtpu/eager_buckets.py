@@ -86,14 +86,66 @@ def rows_tensor(host: torch.Tensor, device, source=None, bound=None) -> torch.Te
 
 def mask(tr, v, dim, kind):
     """v (a capacity-row value) with its rows past the valid count along dim replaced by the identity of reduction
-    `kind` ("add": 0, "maximum": the dtype's lowest value, ...) in v's dtype."""
+    `kind` ("add": 0, "maximum": the dtype's lowest value, ...) in v's dtype, or by `value` for kind ("fill", value)."""
     from .lowering.reduction import _init
 
     fn = tr.fn
     n = tr.rows(ROWS_CLASS)
     pos = E.iota(fn, v.shape, dim)
     valid = E.compare(pos, E.broadcast_to(n, v.shape), "LT")
-    return E.select(valid, v, E.broadcast_to(E.convert(_init(fn, kind, v.dtype), v.dtype), v.shape))
+    fill = E.const(fn, kind[1], v.dtype) if isinstance(kind, tuple) else E.convert(_init(fn, kind, v.dtype), v.dtype)
+    return E.select(valid, v, E.broadcast_to(fill, v.shape))
+
+
+# -- rules that need the count itself (means and variances over the rows) ---------------------------------------------
+def _count(tr, x, dims, d, acc):
+    """The number of valid elements a reduction of x over dims (d: the rows) takes, as a runtime value of dtype acc."""
+    import math
+
+    other = math.prod(x.shape[k] for k in dims if k != d)
+    n = E.convert(tr.rows(ROWS_CLASS), acc)
+    return n if other == 1 else E.mul(n, E.const(tr.fn, other, acc))
+
+
+def _rows_mean(d):
+    from .lowering import reduction as R
+    from .tables import out_meta
+
+    def rule(tr, x, dim=None, keepdim=False, dtype=None):  # mean.dim; x's padding reads 0
+        dt = out_meta(tr).dtype
+        dims = R._dims(x, dim)
+        acc = E.acc_dtype(dt)
+        s = R.reduce(x, dims, "add", keepdim, acc)
+        return E.convert(E.div(s, E.broadcast_to(_count(tr, x, dims, d, acc), s.shape)), dt)
+
+    return rule
+
+
+def _rows_var(d, outputs):
+    """var / std / var_mean / std_mean over the rows: the mean by the valid count, the deviations of the padding 0."""
+    from .lowering import reduction as R
+    from .tables import out_meta
+
+    def rule(tr, x, dim=None, correction=None, keepdim=False):  # x's padding reads 0
+        dt = out_meta(tr).dtype
+        dims = R._dims(x, dim)
+        acc = E.acc_dtype(dt)
+        xv = E.convert(x, acc)
+        n = _count(tr, x, dims, d, acc)
+        s = R.reduce(xv, dims, "add", True, acc)
+        mean = E.div(s, E.broadcast_to(n, s.shape))
+        dev = mask(tr, E.sub(xv, E.broadcast_to(mean, xv.shape)), d, ZERO)
+        ss = R.reduce(E.mul(dev, dev), dims, "add", keepdim, acc)
+        c = E.const(tr.fn, 1 if correction is None else correction, acc)
+        denom = E.maximum(E.sub(n, c), E.const(tr.fn, 0, acc))
+        var = E.div(ss, E.broadcast_to(denom, ss.shape))
+        first = E.convert(E.unary("sqrt", var) if outputs[0] == "std" else var, dt)
+        if len(outputs) == 1:
+            return first
+        m = mean if keepdim else E.reshape(mean, ss.shape)
+        return first, E.convert(m, out_meta(tr, 1).dtype)
+
+    return rule
 
 
 # -- which ops, and how ------------------------------------------------------------------------------------------------
@@ -115,17 +167,27 @@ _REDUCE = {
     "_softmax": (1, None), "_log_softmax": (1, None), "_softmax_backward_data": (2, None),
     "_log_softmax_backward_data": (2, None), "cumsum": (1, None), "cumprod": (1, None), "logcumsumexp": (1, None),
     "topk": (2, -1), "sort": (1, -1), "sort.stable": (2, -1), "max": (None, None), "min": (None, None),
-    "prod": (None, None), "any": (None, None), "all": (None, None),
+    "prod": (None, None), "any": (None, None), "all": (None, None), "mean": (None, None),
 }
 # along the rows, these are right as they are: the valid rows of a prefix scan read only valid rows
 _PREFIX = {"cumsum", "cumprod", "logcumsumexp"}
 # along the rows, these are right once the padding reads as the identity of their reduction (lowering/reduction.py)
 ZERO = "add"  # the padding of sums, contractions and indices reads as 0
+# along the rows, these take the valid count (the rule is replaced; the padding reads 0)
+_BY_COUNT = {"mean.dim": _rows_mean, "var.correction": lambda d: _rows_var(d, ("var",)),
+             "std.correction": lambda d: _rows_var(d, ("std",)),
+             "var_mean.correction": lambda d: _rows_var(d, ("var", "mean")),
+             "std_mean.correction": lambda d: _rows_var(d, ("std", "mean"))}
+# along the rows, softmax-like ops are right once their inputs' padding reads so (per argument position)
+_SOFTMAX = {"_softmax": ("maximum",), "_log_softmax": ("maximum",), "logsumexp": ("maximum",),
+            "_softmax_backward_data": (ZERO, ZERO), "_log_softmax_backward_data": (ZERO, ZERO)}
 _IDENTITY = {"sum.dim_IntList": ZERO, "sum": ZERO, "amax": "maximum", "amin": "minimum", "max.dim": "maximum",
              "min.dim": "minimum", "max": "maximum", "min": "minimum", "argmax": "maximum", "argmin": "minimum",
              "prod.dim_int": "multiply", "prod": "multiply", "any.dim": "or", "any.dims": "or", "any": "or",
              "all.dim": "and", "all.dims": "and", "all": "and"}
 
+_SCATTER = {"scatter_add", "scatter_reduce.two", "scatter.src", "scatter.value", "scatter.reduce",
+            "scatter.value_reduce"}
 # matmuls: the role of each dim of (a, b): r = result rows, c = result columns, k = contracted, b = batch
 _MATMUL = {"mm": (0, 1, ("r", "k"), ("k", "c")), "addmm": (1, 2, ("r", "k"), ("k", "c")),
            "bmm": (0, 1, ("b", "r", "k"), ("b", "k", "c")), "baddbmm": (1, 2, ("b", "r", "k"), ("b", "k", "c"))}
@@ -169,6 +231,22 @@ def _classify(fname, args, kwargs, bdim):
             return {}
         if packet in _PREFIX:
             return {}
+        if name in _BY_COUNT or name == "mean":
+            if x.dtype.is_complex:
+                raise Decline(f"{name} of complex rows")
+            masks = {id(x): ZERO}
+            if name == "mean":
+                by_dims = _rows_mean(d)
+                return masks, lambda tr, x, dtype=None: by_dims(tr, x, None, False, dtype)
+            return masks, _BY_COUNT[name](d)
+        if name in _SOFTMAX:
+            xs = args[:len(_SOFTMAX[name])]
+            return {id(t): kind for t, kind in zip(xs, _SOFTMAX[name])}
+        if name == "linalg_vector_norm":
+            order = args[1] if len(args) > 1 else kwargs.get("ord", 2)
+            if not (order == 0 or order > 0):  # 0 padding adds nothing to a count, a p-sum or a maximum of |x|
+                raise Decline(f"{name} of order {order} across the rows")
+            return {id(x): ZERO}
         if name in _IDENTITY:
             if packet in ("argmax", "argmin") and len(reduced) > 1 and d != 0:
                 raise Decline(f"{name}: a flat index over rows that are not the outermost dim")
@@ -258,6 +336,46 @@ def _classify(fname, args, kwargs, bdim):
             raise Decline("cat: along the rows, or of tensors with and without them")
         return {}
 
+    if name in ("nll_loss_forward", "nll_loss_backward"):
+        back = name == "nll_loss_backward"
+        x, target, weight, reduction, ignore = args[back:back + 5]
+        if x.dim() != 2 or bdim.get(id(x)) != 0 or bdim.get(id(target)) != 0 or id(weight) in bdim:
+            raise Decline(f"{name}: not a loss over bucketed rows of (rows, classes) with their targets")
+        masks = {id(x): ZERO, id(target): ("fill", ignore)}  # the padding rows are ignored targets
+        if back:
+            grad = args[0]
+            if reduction == 0:
+                if bdim.get(id(grad)) != 0:
+                    raise Decline(f"{name}: a per-row gradient at its exact size")
+                masks[id(grad)] = ZERO
+            elif id(grad) in bdim or any(id(t) in bdim for t in args[6:7]):
+                raise Decline(f"{name}: a bucketed total")
+        return masks
+
+    if name in _SCATTER:
+        self, dim, index, src = args[:4]
+        nd = max(index.dim(), 1)
+        d = bdim.get(id(index))
+        if d is None or (isinstance(src, torch.Tensor) and (bdim.get(id(src)) != d or src.dim() != index.dim())):
+            raise Decline(f"{name}: rows other than a bucketed index and its source rows")
+        if id(self) in bdim:  # row by row: the padding rows update the padding rows of self
+            if bdim[id(self)] != d or d == dim % nd:  # along the rows the bounds check would see the capacity
+                raise Decline(f"{name}: a bucketed self along the scattered dim or other rows")
+            return {id(index): ZERO}
+        reduce_ = args[4] if name == "scatter_reduce.two" else "sum" if name == "scatter_add" else None
+        include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
+        combine = {"sum": ZERO, "prod": "multiply", "amax": "maximum", "amin": "minimum"}.get(reduce_)
+        if combine is None or not include_self:  # on an exact self the padding's updates land on its rows
+            raise Decline(f"{name}: reduce {reduce_!r}, include_self={include_self} into an exact self")
+        return {id(index): ZERO, id(src): combine}
+
+    if name == "gather":
+        self, dim, index = args[:3]
+        if id(index) not in bdim or (id(self) in bdim and bdim[id(self)] in (dim % self.dim(), None)) or (
+                id(self) in bdim and bdim[id(self)] != bdim[id(index)]):  # along the rows: bounds seen at the capacity
+            raise Decline("gather: rows other than a bucketed index (and the self rows it walks)")
+        return {id(index): ZERO}
+
     if name == "native_layer_norm":
         x, shape = args[0], args[1]
         if any(t is not x for t in bucketed) or bdim[id(x)] >= x.dim() - len(shape):
@@ -281,7 +399,7 @@ def _classify(fname, args, kwargs, bdim):
         for t in tensors:  # an exact tensor along the rows: broadcast against the capacity, it would pass unseen
             k = d - (nd - t.dim())
             if id(t) not in bdim and 0 <= k and t.shape[k] != 1:
-                raise Decline(f"{name}: an exact tensor along the rows")
+                raise Decline(f"{name}: an exact tensor along the rows ({tuple(t.shape)}, stride {t.stride()})")
         return {}
 
     raise Decline(f"{name} has no bucketed-rows rule")
@@ -324,6 +442,9 @@ def lower(name, values, runtime_slots, storages, device, rows, bucketed):
             plan = _classify(fname, call.args, call.kwargs, bdim)
         except (IndexError, KeyError, TypeError, AttributeError) as e:  # an argument shape this module did not foresee
             raise Decline(f"{name}: {type(e).__name__}") from None
+        if isinstance(plan, tuple):  # the masks and a rule that replaces the op's own at the capacity
+            plan, rule = plan
+            call.info = (kind, fname, rule, call.info[3])
         call.masks = {i: (bdim[i], kind) for i, kind in plan.items()}
         try:
             entry = list(call.entry())

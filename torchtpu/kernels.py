@@ -214,13 +214,8 @@ class _Call:
     def run(self):
         kind, fname, rule, out_names = self.info
         args, kwargs = self.args, self.kwargs
-        pre = PREPROCESS.get(fname)
-        if pre is not None:
-            new_args, new_kwargs = pre(args, kwargs)
-            if new_args is not args or new_kwargs is not kwargs:
-                if self.lowering:
-                    raise _Python()
-                args, kwargs = new_args, new_kwargs
+        if self.lowering and self._preprocessed() is not None:
+            raise _Python()  # the arguments change per call (boolean masks): execute() re-dispatches them
         if not self.lowering:
             self.device = device_index(self.name, args, kwargs)
         fop = overload(fname)
@@ -314,8 +309,19 @@ class _Call:
         return ("program", fid, storage_params, scalar_params, results, outputs, returns,
                 sorted(self.seen), bool(tr.checks), self.resizes)
 
+    def _preprocessed(self):
+        """(args, kwargs) the op's PREPROCESS step replaces the call's by (boolean masks by their indices), or None."""
+        pre = PREPROCESS.get(self.info[1])
+        if pre is None:
+            return None
+        new_args, new_kwargs = pre(self.args, self.kwargs)
+        return None if new_args is self.args and new_kwargs is self.kwargs else (new_args, new_kwargs)
+
     def execute(self):
         """Runs the call on its real tensors (Python kernel path)."""
+        pre = self._preprocessed()
+        if pre is not None:  # through the op table again, keyed by the new arguments (indices with bucketed rows)
+            return self.op(*pre[0], **pre[1])
         tr, returns, result = self.run()
         tr.record(label(self.name, self.args, self.kwargs))
         if returns == NOTHING:

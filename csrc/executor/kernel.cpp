@@ -7,6 +7,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -132,12 +133,40 @@ struct Sig {
     int64_t size;
   };
   std::vector<Broadcast> broadcast;
+  int32_t tensors = 0;  // tensor arguments
 };
 
 // A row class's dim in the key: a negative size (no real size is), the class and capacity in it.
 int64_t rows_code(int32_t cls, int64_t capacity) { return ~((static_cast<int64_t>(cls) << 40) | capacity); }
 
 std::atomic<bool> g_eager_buckets{false};
+
+// The counts of the latest bucketed storages, newest first: an op whose only tensors are expanded to such a count
+// (autograd's mean backward: the gradient expanded to the rows, then divided; slice and gather backwards' zeros)
+// has no bucketed tensor to take the class from. Its stride-0 dim joins the count's rows (values equal along it,
+// so the rows past the count are padding like any other); the rules check the op as for any bucketed tensor.
+struct RecentRows {
+  std::mutex mu;
+  std::array<std::pair<int64_t, int64_t>, 8> counts{};  // (rows, capacity)
+  void note(int64_t rows, int64_t capacity) {
+    std::lock_guard<std::mutex> lk(mu);
+    size_t k = 0;
+    while (k + 1 < counts.size() && counts[k].first != rows) ++k;
+    for (; k > 0; --k) counts[k] = counts[k - 1];
+    counts[0] = {rows, capacity};
+  }
+  int64_t capacity_of(int64_t rows) {
+    std::lock_guard<std::mutex> lk(mu);
+    for (const auto& c : counts) {
+      if (c.first == rows) return c.second;
+    }
+    return -1;
+  }
+};
+RecentRows& recent_rows() {
+  static RecentRows* r = new RecentRows();
+  return *r;
+}
 
 template <typename T>
 void put(std::string& key, T v) {
@@ -260,6 +289,7 @@ void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path 
   const auto strides = t.strides();
   c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
   const int32_t rdim = s.bucketing && path.arg >= 0 ? rows_dim(t, st) : -1;
+  if (path.arg >= 0) ++s.tensors;
   put<int32_t>(s.key, static_cast<int32_t>(sizes.size()));
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (static_cast<int32_t>(i) == rdim) {
@@ -351,6 +381,7 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
   s.rows.clear();
   s.capacity.clear();
   s.broadcast.clear();
+  s.tensors = 0;
   put<const void*>(s.key, &info);
   const size_t base = stack.size() - info.nargs;
   c10::DeviceIndex device_arg = -1;
@@ -419,6 +450,24 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
     for (size_t j = 0; j < k && !taken; ++j) {
       taken = s.broadcast[j].path.arg == b.path.arg && s.broadcast[j].path.elem == b.path.elem &&
               s.broadcast[j].offset == SIZE_MAX;
+    }
+    int32_t expanded = 0;  // tensors with a stride-0 dim of this size
+    for (size_t j = 0; j < s.broadcast.size() && s.rows.empty() && !taken; ++j) {
+      bool first = s.broadcast[j].size == b.size;
+      for (size_t i = 0; i < j && first; ++i) {
+        first = !(s.broadcast[i].size == b.size && s.broadcast[i].path.arg == s.broadcast[j].path.arg &&
+                  s.broadcast[i].path.elem == s.broadcast[j].path.elem);
+      }
+      expanded += first;
+    }
+    // no bucketed tensor, and every tensor expanded along a count of a recent bucketed storage (not a coincidence
+    // next to exact tensors of that size)
+    if (s.rows.empty() && !taken && expanded == s.tensors) {
+      const int64_t capacity = recent_rows().capacity_of(b.size);
+      if (capacity > b.size) {
+        s.rows.push_back(b.size);
+        s.capacity.push_back(capacity);
+      }
     }
     for (size_t cls = 0; cls < s.rows.size() && !taken; ++cls) {
       if (s.rows[cls] != b.size) continue;
@@ -572,6 +621,7 @@ at::Tensor new_output(const OutputSpec& o, c10::DeviceIndex device, const Sig& s
     if (h != nullptr) {
       h->rows = n;
       h->row_bytes = o.strides[o.rows_dim] * static_cast<int64_t>(c10::elementSize(o.dtype));
+      recent_rows().note(n, o.sizes[o.rows_dim]);
     }
   }
   return t;
@@ -822,6 +872,7 @@ void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes) {
   std::lock_guard<std::recursive_mutex> lk(exec_mutex());
   h->rows = rows;
   h->row_bytes = rows < 0 ? 0 : row_bytes;
+  if (rows >= 0) recent_rows().note(rows, static_cast<int64_t>(t.storage().nbytes()) / row_bytes);
 }
 
 at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
