@@ -26,6 +26,7 @@ the table keys that call at its exact sizes, as without buckets (right, a progra
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -100,8 +101,6 @@ def mask(tr, v, dim, kind):
 # -- rules that need the count itself (means and variances over the rows) ---------------------------------------------
 def _count(tr, x, dims, d, acc):
     """The number of valid elements a reduction of x over dims (d: the rows) takes, as a runtime value of dtype acc."""
-    import math
-
     other = math.prod(x.shape[k] for k in dims if k != d)
     n = E.convert(tr.rows(ROWS_CLASS), acc)
     return n if other == 1 else E.mul(n, E.const(tr.fn, other, acc))
@@ -205,6 +204,7 @@ def _classify(fname, args, kwargs, bdim):
     """The masks (id(tensor) -> the reduction whose identity its padding reads as) that make the rule right at the
     capacity; raises Decline."""
     from .kernels import _cpp_name
+    from .lowering.indexing import _SCATTER_COMBINE
 
     name = _cpp_name(fname)
     packet = name.split(".")[0]
@@ -348,7 +348,7 @@ def _classify(fname, args, kwargs, bdim):
                 if bdim.get(id(grad)) != 0:
                     raise Decline(f"{name}: a per-row gradient at its exact size")
                 masks[id(grad)] = ZERO
-            elif id(grad) in bdim or any(id(t) in bdim for t in args[6:7]):
+            elif id(grad) in bdim or id(args[6]) in bdim:
                 raise Decline(f"{name}: a bucketed total")
         return masks
 
@@ -364,15 +364,15 @@ def _classify(fname, args, kwargs, bdim):
             return {id(index): ZERO}
         reduce_ = args[4] if name == "scatter_reduce.two" else "sum" if name == "scatter_add" else None
         include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
-        combine = {"sum": ZERO, "prod": "multiply", "amax": "maximum", "amin": "minimum"}.get(reduce_)
+        combine = None if reduce_ == "mean" else _SCATTER_COMBINE.get(reduce_)  # a mean would count the padding
         if combine is None or not include_self:  # on an exact self the padding's updates land on its rows
             raise Decline(f"{name}: reduce {reduce_!r}, include_self={include_self} into an exact self")
         return {id(index): ZERO, id(src): combine}
 
     if name == "gather":
         self, dim, index = args[:3]
-        if id(index) not in bdim or (id(self) in bdim and bdim[id(self)] in (dim % self.dim(), None)) or (
-                id(self) in bdim and bdim[id(self)] != bdim[id(index)]):  # along the rows: bounds seen at the capacity
+        d = bdim.get(id(index))  # a bucketed self walks the same rows, not along dim (bounds seen at the capacity)
+        if d is None or (id(self) in bdim and (bdim[id(self)] != d or d == dim % self.dim())):
             raise Decline("gather: rows other than a bucketed index (and the self rows it walks)")
         return {id(index): ZERO}
 
