@@ -321,7 +321,7 @@ class _Call:
         """Runs the call on its real tensors (Python kernel path)."""
         pre = self._preprocessed()
         if pre is not None:  # through the op table again, keyed by the new arguments (indices with bucketed rows)
-            return self.op(*pre[0], **pre[1])
+            return _redispatch(self.op, *pre[0], **pre[1])
         tr, returns, result = self.run()
         tr.record(label(self.name, self.args, self.kwargs))
         if returns == NOTHING:
@@ -359,6 +359,13 @@ def lower(name, values, runtime_slots, storages, device, key=None, buckets=None)
     if key is not None:
         optable.remember(key, name, values, (registration, entry))
     return entry
+
+
+@untraced
+def _redispatch(op, *args, **kwargs):
+    """Calls `op` through the dispatcher again; untraced: inside a compiled function's graph-broken code Dynamo
+    would otherwise trace the op-table miss it may cause (jax.device_put among its frames) as user code."""
+    return op(*args, **kwargs)
 
 
 def python_kernel(name, values):
