@@ -33,6 +33,25 @@ def test_nonzero_rows_are_bucketed_and_exact_to_the_user():
     assert torch.equal(v.to("tpu").masked_select(m.to("tpu")).cpu(), v.masked_select(m))
 
 
+def test_reading_an_uploaded_index_needs_no_host_sync_until_it_is_written():
+    """A small upload keeps its host bytes while sizes are bucketed (a nonzero's indices are one): `x[i]` with a
+    0-d index reads it as a Python int from them, with no host sync; a write gives the storage a new value."""
+    hit = torch.tensor([0.0, 3.0, 0.0, 1.0]).to("tpu").nonzero()  # one host sync: the input's values
+    w = torch.arange(12.0).reshape(4, 3).to("tpu")
+    c0 = metrics.counters()
+    rows = [w[i[0]] for i in hit]  # each index read as an int
+    assert [r.cpu().tolist() for r in rows] == [[3.0, 4.0, 5.0], [9.0, 10.0, 11.0]]
+    d = _delta(c0, "host_sync.item", "host_reads_from_upload.item")
+    assert d == {"host_sync.item": 0, "host_reads_from_upload.item": 2}, d
+    hit.add_(1)  # a write: later reads see the device's value
+    c0 = metrics.counters()
+    assert [i.item() for i in hit[:, 0]] == [2, 4]
+    assert _delta(c0, "host_sync.item")["host_sync.item"] == 2
+    u = torch.tensor([5, 6, 7]).to("tpu")
+    u[1] = 0  # a write through a view
+    assert u.tolist() == [5, 0, 7]
+
+
 def test_buckets_off_keeps_counts_exact():
     torchtpu.set_shape_buckets(None)
     try:

@@ -5,6 +5,7 @@ and tpu and reports what the zoo test and bench/zoo.py compare."""
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import sys
@@ -301,6 +302,24 @@ def mixtral_eager_experts():
     return model, batches, loss
 
 
+def mixtral_issue():
+    """The bounded-dynamic-shapes issue's tiny Mixtral: 4 experts, top-2, hidden 64, 2 layers, batches of 4 x 32
+    tokens, transformers' default experts."""
+    import transformers as T
+
+    cfg = T.MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                          max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
+    return T.MixtralForCausalLM(cfg), functools.partial(_lm_batches, bs=4, seq=32), _hf_loss
+
+
+def mixtral_issue_eager_experts():
+    """mixtral_issue with the per-expert loop (mixtral_eager_experts)."""
+    model, batches, loss = mixtral_issue()
+    model.config._experts_implementation = "eager"
+    return model, batches, loss
+
+
 def _varlen_batches(n, bs=2, lo=17, hi=64, seed=0):
     """Batches whose sequence length varies between lo and hi (a fixed draw per seed)."""
     g = torch.Generator().manual_seed(seed)
@@ -320,7 +339,8 @@ def mixtral_varlen():
 
 # Not in MODELS (the zoo test's list): their sizes change every step.
 VARYING = {"topk_moe": topk_moe, "mixtral_eager_experts": mixtral_eager_experts, "gpt2_varlen": gpt2_varlen,
-           "mixtral_varlen": mixtral_varlen}
+           "mixtral_varlen": mixtral_varlen, "mixtral_issue": mixtral_issue,
+           "mixtral_issue_eager_experts": mixtral_issue_eager_experts}
 
 
 def _to(batch, device):

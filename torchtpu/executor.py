@@ -100,10 +100,31 @@ def buffer_of(t: torch.Tensor, cause: int = CUT_HOST_READ):
     return _C._storage_buffer(t, cause)
 
 
+def _uploaded(t: torch.Tensor):
+    """t's value as a view of the host bytes its storage was uploaded from, if the storage holds them still (a
+    write gives the storage a new buffer, which has none), else None."""
+    if t.numel() == 0 or t.is_conj() or t.is_neg():
+        return None
+    kept = _C._storage_host_values(t)
+    if kept is None or kept.dtype != t.dtype:
+        return None
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    if last >= kept.numel():
+        return None
+    return kept.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
-    """The value of tpu tensor `t` as a new contiguous CPU tensor. Blocks (a host sync)."""
-    metrics.host_sync(cause)
+    """The value of tpu tensor `t` as a new contiguous CPU tensor. Blocks (a host sync), unless its storage still
+    holds the bytes of a small upload, whose host copy is kept while sizes are bucketed (a nonzero's indices, an
+    MoE's expert ids: `x[expert_idx]` reads its index as a Python int)."""
     out = torch.empty(t.shape, dtype=t.dtype)
+    kept = _uploaded(t)
+    if kept is not None:
+        metrics.inc("host_reads_from_upload")
+        metrics.inc(f"host_reads_from_upload.{cause}")
+        return out.copy_(kept)
+    metrics.host_sync(cause)
     if t.numel() == 0:
         return out
     vt = _C._storage_value_type(t)
