@@ -48,7 +48,8 @@ struct DeviceBuffer : c10::intrusive_ptr_target {
   c10::DeviceIndex device;
   bool donated = false;
   // The host bytes it was uploaded from, for small uploads while sizes are bucketed: a bucketed graph that needs
-  // the value in a storage of its bucket's capacity pads these on the host instead of reading the buffer back. A
+  // the value in a storage of its bucket's capacity pads these on the host instead of reading the buffer back, and
+  // a host read of the storage (executor.read_host: an expert id read as a Python int) takes them with no sync. A
   // buffer never changes, so they stay true for as long as it lives.
   c10::Storage host;
   void mark_donated();  // the program that consumes it reuses its memory: it no longer counts
