@@ -1,10 +1,12 @@
 """Sizes that change from step to step: a hand-written top-k mixture-of-experts router (data-dependent token counts
-per expert, `index_add_`) and a training loop over batches whose sequence length varies between 17 and 64. Today
-each new size compiles the ops downstream of it once (bucketing is designed in docs/architecture.md, not built);
-these tests hold what must stay true on the way there: the values match cpu, nothing falls back to the CPU, the
-host reads are the ones the code asks for, and a size seen before compiles nothing."""
+per expert, `index_add_`) and a training loop over batches whose sequence length varies between 17 and 64. The
+eager modes bucket the routed counts (tests/test_eager_buckets.py) but compile each new sequence length once (said
+by a warning; torch.compile with dynamic=True buckets it: tests/test_buckets.py); these tests hold what must stay
+true: the values match cpu, nothing falls back to the CPU, the host reads are the ones the code asks for, and a
+size seen before compiles nothing."""
 import copy
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -74,3 +76,37 @@ def test_training_over_lengths_from_17_to_64_matches_cpu_and_a_length_seen_befor
     c0 = torchtpu.metrics.counters()
     train(1)
     assert torchtpu.metrics.counters().get("compiles", 0) == c0.get("compiles", 0)
+
+
+def test_a_dim_that_changes_between_calls_is_counted_and_said_once():
+    """Outside the data-dependent rows, a size that changes between calls (a sequence length) compiles anew in the
+    eager modes: each such lowering is counted, and the process is told once, with what to do instead."""
+    from torchtpu import eager_buckets as eb
+
+    eb._SIZES.clear()
+    eb._warned_varying.clear()
+    lin = torch.nn.Linear(7, 5).to("tpu")
+    c0 = torchtpu.metrics.counters().get("lowerings.size_changes", 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(17, 19 + eb.VARYING_AFTER):
+            lin(torch.ones(3, t, 7, device="tpu")).relu().sum().item()
+        for t in (17, 18):  # sizes seen before: nothing lowered, nothing said
+            lin(torch.ones(3, t, 7, device="tpu")).relu().sum().item()
+    said = [str(w.message) for w in caught if "sizes of dim 1" in str(w.message)]
+    assert len(said) == 1, said
+    assert "dynamic=True" in said[0] and "test_varying_shapes.py" in said[0], said[0]
+    assert torchtpu.metrics.counters()["lowerings.size_changes"] - c0 >= eb.VARYING_AFTER + 1
+    # layers of many widths lowered in one step (no host read between them), and a pyramid whose two dims change
+    # together, say nothing
+    eb._SIZES.clear()
+    eb._warned_varying.clear()
+    c0 = torchtpu.metrics.counters().get("lowerings.size_changes", 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            sum(torch.ones(5, w, 3, device="tpu").relu().sum() for w in range(17, 19 + eb.VARYING_AFTER)).item()
+        assert torchtpu.metrics.counters()["lowerings.size_changes"] - c0 >= eb.VARYING_AFTER  # lowered, counted
+        for w in (3, 6, 12, 24, 48, 96, 192, 384, 768):
+            torch.ones(2, w, 96 * 8 // w, device="tpu").relu().sum().item()
+    assert not [w for w in caught if "sizes of dim" in str(w.message)]

@@ -53,6 +53,59 @@ def sync() -> None:
     _C._set_eager_buckets(buckets.enabled() and not executor._check_nans)
 
 
+# -- sizes that change between calls of one op, outside the rows (a varying sequence length): said, not bucketed ---
+VARYING_AFTER = 8  # host-read periods (training steps) that lowered a new size of one dim, the rest equal
+_SIZES: dict = {}  # (op, argument, dim, the other sizes, dtype) -> [the sizes lowered, periods with a new one, last]
+_SIZES_MAX = 4096
+_warned_varying: list = []
+
+
+def note_lowering(name, values) -> None:
+    """Op-table misses only. Counts a lowering at a new size of some dim of an op lowered before with other sizes
+    of it, all else equal (`lowerings.size_changes`). When such new sizes came in VARYING_AFTER periods between host
+    reads (steps: a model's layers of several widths all lower in its first steps), warns once per process: outside
+    the data-dependent rows, the eager modes compile every new size anew (docs/modes.md)."""
+    changed = None
+    period = metrics.get("host_syncs")
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor) or v.dim() == 0:
+            continue
+        shape = tuple(v.shape)
+        for d, n in enumerate(shape):
+            key = (name, i, d, shape[:d] + shape[d + 1:], v.dtype)
+            seen = _SIZES.get(key)
+            if seen is None:
+                if len(_SIZES) >= _SIZES_MAX:
+                    _SIZES.pop(next(iter(_SIZES)))
+                _SIZES[key] = [{n}, 1, period]
+            elif n not in seen[0] and len(seen[0]) < 64:
+                seen[0].add(n)
+                if seen[2] != period:
+                    seen[1] += 1
+                    seen[2] = period
+                if changed is None or seen[1] > changed[3][1]:
+                    changed = (i, d, v, seen)
+    if changed is None:
+        return
+    metrics.inc("lowerings.size_changes")
+    i, d, v, (sizes, periods, _) = changed
+    if periods >= VARYING_AFTER and not _warned_varying:
+        _warned_varying.append(name)
+        import warnings
+
+        from .errors import describe, user_line
+
+        warnings.warn(
+            f"torchtpu: aten::{name} was lowered for {len(sizes)} sizes of dim {d} of its argument {i}, new ones in "
+            f"{periods} steps ({describe(v)}; sizes {sorted(sizes)[:8]}...), the rest equal, at {user_line()}; each "
+            "new size compiles the programs that hold it. The eager modes bucket data-dependent counts (nonzero, masks; TORCHTPU_BUCKETS_DEBUG=1 "
+            "says why an op declines) but compile every new size of any other dim, such as a batch's sequence "
+            "length: torch.compile(model, backend='tpu', dynamic=True) compiles once per bucket of such sizes "
+            "(torchtpu.set_shape_buckets), or pad batches to a few lengths. Counted in torchtpu.metrics as "
+            "lowerings.size_changes; warned once.",
+            stacklevel=2)
+
+
 _STICKY: dict = {}  # (op, input shape, dtype) -> the largest capacity its counts were given (bounded)
 _STICKY_MAX = 256
 

@@ -346,6 +346,7 @@ def lower(name, values, runtime_slots, storages, device, key=None, buckets=None)
                 return entry
             return (entry[0], register_fragment(registration), *entry[2:])
     metrics.inc("lowerings")
+    eager_buckets.note_lowering(name, values)
     slots = [tuple(p) for p in runtime_slots]
     if buckets is not None:
         entry, registration = eager_buckets.lower(name, values, slots, storages, device, *buckets)
