@@ -29,7 +29,8 @@ import zoo  # noqa: E402
 ROWS = ["mixtral_issue", "mixtral_issue_eager_experts", "mixtral", "mixtral_eager_experts", "topk_moe", "gpt2_varlen",
         "mixtral_varlen"]
 COMPILED = {"gpt2_varlen", "mixtral_varlen"}  # also under torch.compile(backend="tpu", dynamic=True): bucketed sizes
-ROUTED = {"topk_moe", "mixtral_eager_experts", "mixtral_issue_eager_experts"}  # data-dependent counts: eager modes bucket them (before: exact sizes)
+# data-dependent counts: eager modes bucket them (before: exact sizes)
+ROUTED = {"topk_moe", "mixtral_eager_experts", "mixtral_issue_eager_experts"}
 
 
 def _bucket(n, lo=16):
@@ -68,7 +69,8 @@ def main():
             tpu_t = statistics.median(r["tpu"]["times"][2:])
             later = r["tpu"]["compiles"][2:]
             print(f"| {name} | {mode} | {tpu_t / cpu_t:.1f}x ({tpu_t * 1e3:.0f} / {cpu_t * 1e3:.1f} ms) | "
-                  f"{statistics.mean(later):.1f} (max {max(later)}) | {sum(r['tpu']['compiles'][5:])} | {statistics.mean(r['tpu']['host_syncs']):.1f} | "
+                  f"{statistics.mean(later):.1f} (max {max(later)}) | {sum(r['tpu']['compiles'][5:])} | "
+                  f"{statistics.mean(r['tpu']['host_syncs']):.1f} | "
                   f"{r['max_rel_diff']:.1e} |", flush=True)
     if "gpt2_varlen" in args.models or "mixtral_varlen" in args.models:
         lengths = [b["input_ids"].shape[1] for b in zoo._varlen_batches(args.steps)]

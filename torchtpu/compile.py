@@ -331,9 +331,9 @@ def _flat_capacity(t, capacity):
         if tuple(vt[0]) == (capacity,) and vt[1] == t.dtype:  # the program reads the storage's buffer: the flat one
             return t.as_strided((capacity,), (1,), 0)
     host = torch.zeros(capacity, dtype=t.dtype)
-    kept = _C._storage_host_values(t) if whole and vt[1] == t.dtype and not (t.is_conj() or t.is_neg()) else None
-    if kept is not None and kept.numel() >= t.numel():
-        host[: t.numel()] = kept[: t.numel()]  # the bytes it was uploaded from (buckets.UPLOAD_HOST_COPY_BYTES)
+    kept = executor.uploaded_values(t) if whole else None
+    if kept is not None:
+        host[: t.numel()] = kept.reshape(-1)  # the bytes it was uploaded from (buckets.UPLOAD_HOST_COPY_BYTES)
         metrics.inc("compile.bucket_input_host_copies")
     else:
         host[: t.numel()] = executor.read_host(t, "bucket_input").reshape(-1)

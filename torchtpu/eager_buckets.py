@@ -98,11 +98,11 @@ def note_lowering(name, values) -> None:
         warnings.warn(
             f"torchtpu: aten::{name} was lowered for {len(sizes)} sizes of dim {d} of its argument {i}, new ones in "
             f"{periods} steps ({describe(v)}; sizes {sorted(sizes)[:8]}...), the rest equal, at {user_line()}; each "
-            "new size compiles the programs that hold it. The eager modes bucket data-dependent counts (nonzero, masks; TORCHTPU_BUCKETS_DEBUG=1 "
-            "says why an op declines) but compile every new size of any other dim, such as a batch's sequence "
-            "length: torch.compile(model, backend='tpu', dynamic=True) compiles once per bucket of such sizes "
-            "(torchtpu.set_shape_buckets), or pad batches to a few lengths. Counted in torchtpu.metrics as "
-            "lowerings.size_changes; warned once.",
+            "new size compiles the programs that hold it. The eager modes bucket data-dependent counts (nonzero, "
+            "masks; TORCHTPU_BUCKETS_DEBUG=1 says why an op declines) but compile every new size of any other dim, "
+            "such as a batch's sequence length: torch.compile(model, backend='tpu', dynamic=True) compiles once per "
+            "bucket of such sizes (torchtpu.set_shape_buckets), or pad batches to a few lengths. Counted in "
+            "torchtpu.metrics as lowerings.size_changes; warned once.",
             stacklevel=2)
 
 

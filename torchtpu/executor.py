@@ -100,7 +100,7 @@ def buffer_of(t: torch.Tensor, cause: int = CUT_HOST_READ):
     return _C._storage_buffer(t, cause)
 
 
-def _uploaded(t: torch.Tensor):
+def uploaded_values(t: torch.Tensor):
     """t's value as a view of the host bytes its storage was uploaded from, if the storage holds them still (a
     write gives the storage a new buffer, which has none), else None."""
     if t.numel() == 0 or t.is_conj() or t.is_neg():
@@ -119,7 +119,7 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
     holds the bytes of a small upload, whose host copy is kept while sizes are bucketed (a nonzero's indices, an
     MoE's expert ids: `x[expert_idx]` reads its index as a Python int)."""
     out = torch.empty(t.shape, dtype=t.dtype)
-    kept = _uploaded(t)
+    kept = uploaded_values(t)
     if kept is not None:
         metrics.inc("host_reads_from_upload")
         metrics.inc(f"host_reads_from_upload.{cause}")
