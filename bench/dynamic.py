@@ -9,7 +9,7 @@ each mode: step time / CPU eager (medians after step 2), compiles per step after
 loss difference to cpu. The machines are shared and noisy: read the ratios, not the milliseconds. The varying-length
 loops also run compiled (torch.compile(backend="tpu", dynamic=True), strict mode): there its sizes are bucketed
 (torchtpu/buckets.py), one program per bucket; the lengths' power-of-two buckets are printed with it. The eager
-modes do not bucket yet (docs/architecture.md).
+modes bucket the varying length too (torchtpu/eager_symbolic.py); their "exact sizes" rows are the before.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ ROWS = ["mixtral_issue", "mixtral_issue_eager_experts", "mixtral", "mixtral_eage
         "mixtral_varlen"]
 COMPILED = {"gpt2_varlen", "mixtral_varlen"}  # also under torch.compile(backend="tpu", dynamic=True): bucketed sizes
 # data-dependent counts: eager modes bucket them (before: exact sizes)
-ROUTED = {"topk_moe", "mixtral_eager_experts", "mixtral_issue_eager_experts"}
+ROUTED = {"topk_moe", "mixtral_eager_experts", "mixtral_issue_eager_experts", "gpt2_varlen", "mixtral_varlen"}
 
 
 def _bucket(n, lo=16):

@@ -152,7 +152,8 @@ void register_executor(py::module& m) {
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(v));
   });
   m.def("_set_upload_host_copies", [](int64_t n) { torchtpu::set_upload_host_copies(n); });
-  m.def("_set_eager_buckets", [](bool on) { torchtpu::set_eager_buckets(on); });
+  m.def("_set_exact_uploads", [](bool on) { return torchtpu::set_exact_uploads(on); });
+  m.def("_set_eager_buckets", [](bool on, std::vector<int64_t> sizes) { torchtpu::set_eager_buckets(on, std::move(sizes)); });
   m.def("_set_rows", [](py::handle t, int64_t rows, int64_t row_bytes) {
     torchtpu::set_rows(tensor_of(t), rows, row_bytes);
   });
@@ -187,6 +188,8 @@ void register_executor(py::module& m) {
     d["op_table.entries"] = e.entries;
     d["op_table.specializations"] = e.specializations;
     d["op_table.bucket_exact"] = e.bucket_exact;
+    d["upload.bucketed_rows"] = e.upload_rows;
+    d["upload.varying_inner"] = e.upload_sym;
     d["python_kernels"] = e.python_kernels;
     auto& g = torchtpu::graph_counters();
     d["chunks"] = g.chunks.load();

@@ -209,7 +209,10 @@ def test_unread_outputs_and_new_batches_cost_no_program_and_no_read_back():
     torch.testing.assert_close(tp.weight.grad.cpu(), proj.weight.grad)
     c = _counters()
     assert not c.get("host_sync.bucket_input"), c
-    assert c.get("compile.bucket_input_host_copies", 0) >= 2 * 3
+    # the first batch is copied to its capacity from its host bytes; from the second length on the upload itself
+    # stores a batch compact at its bucket's capacity (eager_symbolic.py), which the program reads as it is
+    assert c.get("compile.bucket_input_host_copies", 0) == c.get("compile.bucket_input_copies", 0) == 2, c
+    assert c.get("upload.varying_inner", 0) == 2 * 4, c
     assert not c.get("compile.bucket_declined")
 
 

@@ -2,6 +2,8 @@
 boolean masks, masked_select) puts its rows in a storage of its bucket, and the ops after it run one table entry
 (one fragment, in fused mode one chunk program) per bucket instead of one per count. The tensors the user sees
 keep their exact sizes and values."""
+import copy
+
 import pytest
 import torch
 
@@ -59,6 +61,90 @@ def test_buckets_off_keeps_counts_exact():
         assert _C._rows_of(idx)[0] == -1 and idx.untyped_storage().nbytes() == idx.nbytes
     finally:
         torchtpu.set_shape_buckets("pow2")
+
+
+def _mlp():
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 5)), (16,)
+
+
+def _cnn():
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, stride=2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)), (3, 12, 12)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("net", [_mlp, _cnn])
+def test_batches_whose_size_varies_compile_once_per_bucket(mode, net):
+    """An upload whose dim 0 changes from step to step (a batch of varying size) is bucketed like a nonzero's rows
+    from its second size on: training an MLP classifier (linear, relu, layer norm, cross entropy, AdamW) or a CNN
+    (convolutions, max and adaptive average pooling) matches cpu at every batch size, and a size of a bucket seen
+    before lowers and compiles nothing. The parameters (each uploaded once) and a batch whose size never changes
+    stay exact."""
+    torchtpu.set_shape_buckets("pow2")  # forgets which uploads varied before (the other mode's run)
+    torch.manual_seed(0)
+    model, sample = net()
+    twin = copy.deepcopy(model).to("tpu")
+    assert all(p.untyped_storage().nbytes() == p.nbytes for p in twin.parameters())
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, twin)]
+    g = torch.Generator().manual_seed(1)
+    c_start = metrics.counters()
+    later = []
+    with torchtpu.mode(mode):
+        for step, b in enumerate((8, 7, 5, 6, 3, 8, 5, 4, 7)):  # buckets 8 and 4
+            x, y = torch.randn(b, *sample, generator=g), torch.randint(0, 5, (b,), generator=g)
+            c0 = metrics.counters()
+            losses = []
+            for m, opt, dev in ((model, opts[0], "cpu"), (twin, opts[1], "tpu")):
+                opt.zero_grad()
+                xd = x.to(dev)
+                if dev == "tpu" and step > 0:  # its size changed: the batch sits in a storage of its bucket
+                    assert xd.shape == x.shape and xd.untyped_storage().nbytes() == (4 if b <= 4 else 8) * x[0].nbytes
+                loss = torch.nn.functional.cross_entropy(m(xd), y.to(dev))
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            assert abs(losses[1] - losses[0]) <= 1e-5 * abs(losses[0]), (b, losses)
+            if step in (2, 3, 5, 6, 8):  # a bucket seen before (8: steps 1, 2; 4: step 4)
+                later.append((b, _delta(c0, "lowerings", "compiles", "op_table.bucket_exact")))
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+    assert all(d == {"lowerings": 0, "compiles": 0, "op_table.bucket_exact": 0} for _, d in later), later
+    assert _delta(c_start, "upload.bucketed_rows")["upload.bucketed_rows"] == 2 * 8  # x and y from step 1 on
+    fixed = []
+    for _ in range(3):  # one step each (a host read between them), always 6 rows
+        fixed.append(torch.randn(6, 24).to("tpu"))
+        fixed[-1].sum().item()
+    assert all(t.untyped_storage().nbytes() == t.nbytes for t in fixed)
+
+
+def test_convolutions_and_pooling_over_a_bucketed_batch_ignore_its_padding():
+    """Convolutions (also transposed), max / average / adaptive pooling and their backwards over a batch whose padding
+    samples are NaN: each sample on its own, the weight and bias gradients summed over the valid ones only."""
+    F = torch.nn.functional
+    torch.manual_seed(0)
+
+    def run(x, cot, w, b):
+        w, b = w.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
+        y = F.adaptive_avg_pool2d(F.max_pool2d(F.conv2d(x, w, b, padding=1), 2), 2)
+        z = F.avg_pool2d(F.conv_transpose2d(F.relu(y), w, stride=2), 2)
+        (z * cot).sum().backward()
+        return z, [t.cpu() for t in (z, x.grad, w.grad, b.grad)]
+
+    for n in (5, 7):
+        x, cot, w, b = torch.randn(n, 3, 8, 8), torch.randn(n, 3, 2, 2), torch.randn(4, 3, 3, 3), torch.randn(4)
+        torchtpu.set_shape_buckets(None)  # the reference: exact sizes
+        try:
+            _, want = run(x.to("tpu").requires_grad_(), cot.to("tpu"), w, b)
+        finally:
+            torchtpu.set_shape_buckets("pow2")
+        c0 = metrics.counters()
+        z, got = run(eager_bucket_sweep.bucketed(x, 8, requires_grad=True), eager_bucket_sweep.bucketed(cot, 8), w, b)
+        assert _C._rows_of(z)[0] == n
+        assert _delta(c0, "op_table.bucket_exact")["op_table.bucket_exact"] == 0
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
 
 
 def test_counts_in_one_bucket_share_one_entry():

@@ -1,9 +1,9 @@
 """Sizes that change from step to step: a hand-written top-k mixture-of-experts router (data-dependent token counts
 per expert, `index_add_`) and a training loop over batches whose sequence length varies between 17 and 64. The
-eager modes bucket the routed counts (tests/test_eager_buckets.py) but compile each new sequence length once (said
-by a warning; torch.compile with dynamic=True buckets it: tests/test_buckets.py); these tests hold what must stay
-true: the values match cpu, nothing falls back to the CPU, the host reads are the ones the code asks for, and a
-size seen before compiles nothing."""
+eager modes bucket the routed counts (tests/test_eager_buckets.py) and the varying length (tests/test_eager_symbolic.py;
+torch.compile with dynamic=True: tests/test_buckets.py); these tests hold what must stay true: the values match cpu,
+nothing falls back to the CPU, the host reads are the ones the code asks for, and a size seen before compiles
+nothing."""
 import copy
 import itertools
 import warnings

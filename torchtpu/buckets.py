@@ -245,7 +245,7 @@ def _fill(ctx, x: PT, value, dims=None) -> torch.Tensor:
     m = _mask(ctx, x, dims)
     if m is None:
         return x.t
-    return torch.where(m, x.t, torch.tensor(value, dtype=x.t.dtype, device=x.t.device))
+    return torch.where(m, x.t, torch.full((), value, dtype=x.t.dtype, device=x.t.device))
 
 
 def _fresh_dims(ctx, node_val, t):
@@ -581,7 +581,7 @@ def _call_pointwise(node, args, kwargs, ctx):
         name = target.overloadpacket
         dev = next((x.device for x in a if isinstance(x, torch.Tensor)), None)
         # clamp(x, 0, s - 1): its Tensor overload takes both bounds as tensors
-        wrapped = [a[0], *(torch.tensor(x, device=dev) if isinstance(x, (int, float)) and not isinstance(x, bool)
+        wrapped = [a[0], *(torch.full((), x, device=dev) if isinstance(x, (int, float)) and not isinstance(x, bool)
                            else x for x in a[1:])]
         for ov in ("Tensor", "Tensor_Tensor", "Scalar_Tensor", "Tensor_Scalar"):
             alt = getattr(name, ov, None) if hasattr(name, ov) else None
@@ -645,7 +645,8 @@ for _op in (aten.where.self, aten.clone.default, aten.alias.default, aten._to_co
             aten.empty_like.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.clamp.default,
             aten.clamp.Tensor, torch.ops.prims.convert_element_type.default, aten.copy.default,
             aten.gelu_backward.default, aten.threshold_backward.default, aten.tanh_backward.default,
-            aten.sigmoid_backward.default, aten.silu_backward.default, aten.native_dropout_backward.default):
+            aten.sigmoid_backward.default, aten.silu_backward.default, aten.native_dropout_backward.default,
+            aten.zero.default, aten.fill.Scalar, aten.fill.Tensor):
     _HANDLERS[_op] = _pointwise
 
 
@@ -1098,6 +1099,16 @@ def _flip(node, args, kwargs, ctx):
     return PT(out, x.dims)
 
 
+@_handles(aten.tril.default, aten.triu.default)
+def _triangle(node, args, kwargs, ctx):
+    """tril/triu keep positions by (row, column): right on the padded layout when both dims keep their valid values
+    first (a causal mask's ones(L, L).tril())."""
+    x = args[0]
+    if x.t.dim() < 2 or any(len(x.dims[d]) != 1 for d in (-2, -1)):
+        raise Unsupported(f"{node.target} over merged padded dims")
+    return PT(node.target(*_padded(args), **_padded(kwargs)), x.dims)
+
+
 # -- matmuls ------------------------------------------------------------------------------------------------------------
 def _contract(ctx, node, a, b, ka, kb):
     """a and b with the padding of their contracted dims (a's ka, b's kb) zeroed."""
@@ -1495,7 +1506,7 @@ def _constant_pad(node, args, kwargs, ctx):
         tail = (pos >= v.rt + before) & (pos < v.rt + before + after)
         shape = [1] * out.dim()
         shape[d] = out.shape[d]
-        out = torch.where(tail.view(shape), torch.tensor(value, dtype=out.dtype, device=out.device), out)
+        out = torch.where(tail.view(shape), torch.full((), value, dtype=out.dtype, device=out.device), out)
         dims[d] = fresh[d]
     return PT(out, dims)
 

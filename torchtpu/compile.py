@@ -193,7 +193,8 @@ class TpuGraph:
             return None
         for i, cap in caps.items():
             flats[i] = _flat_capacity(args[i], cap)
-        sizes = torch.tensor(values, dtype=torch.int64).to(device)
+        with executor.exact_uploads():
+            sizes = torch.tensor(values, dtype=torch.int64).to(device)
         prog_tensors = [flats[i] if flats[i] is not None else a for i, a in enumerate(args)
                         if isinstance(a, torch.Tensor)] + [sizes]
         for k, pid, template in self.programs:
@@ -338,7 +339,8 @@ def _flat_capacity(t, capacity):
     else:
         host[: t.numel()] = executor.read_host(t, "bucket_input").reshape(-1)
     metrics.inc("compile.bucket_input_copies")
-    return host.to(t.device)
+    with executor.exact_uploads():
+        return host.to(t.device)
 
 
 def _draws_on_cpu(gm) -> bool:

@@ -129,6 +129,8 @@ def _value(t: torch.Tensor):
             return jnp.zeros(shape, _np(t.dtype), device=runtime.get().device(t.device.index or 0))
         src = src.clone(memory_format=torch.contiguous_format)
     buf = executor.buffer_of(src, executor.CUT_COLLECTIVE)
+    if buf.size != max(t.numel(), 1):  # a bucketed storage (its capacity): the tensor is its compact prefix
+        buf = buf.reshape(-1)[: max(t.numel(), 1)]
     return buf if tuple(buf.shape) == shape else buf.reshape(shape)
 
 

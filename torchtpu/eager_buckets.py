@@ -50,7 +50,9 @@ def sync() -> None:
     from . import executor
 
     _STICKY.clear()  # capacities of the previous policy's buckets
-    _C._set_eager_buckets(buckets.enabled() and not executor._check_nans)
+    policy = buckets.get_shape_buckets()
+    sizes = [] if policy == "pow2" or not buckets.enabled() else [int(b) for b in policy.split(",")]
+    _C._set_eager_buckets(buckets.enabled() and not executor._check_nans, sizes)
 
 
 # -- sizes that change between calls of one op, outside the rows (a varying sequence length): said, not bucketed ---
@@ -99,10 +101,10 @@ def note_lowering(name, values) -> None:
             f"torchtpu: aten::{name} was lowered for {len(sizes)} sizes of dim {d} of its argument {i}, new ones in "
             f"{periods} steps ({describe(v)}; sizes {sorted(sizes)[:8]}...), the rest equal, at {user_line()}; each "
             "new size compiles the programs that hold it. The eager modes bucket data-dependent counts (nonzero, "
-            "masks; TORCHTPU_BUCKETS_DEBUG=1 says why an op declines) but compile every new size of any other dim, "
-            "such as a batch's sequence length: torch.compile(model, backend='tpu', dynamic=True) compiles once per "
-            "bucket of such sizes (torchtpu.set_shape_buckets), or pad batches to a few lengths. Counted in "
-            "torchtpu.metrics as lowerings.size_changes; warned once.",
+            "masks) and uploads whose batch size or length varies, but this op ran at its exact sizes "
+            "(TORCHTPU_BUCKETS_DEBUG=1 says why an op declines): torch.compile(model, backend='tpu', dynamic=True) "
+            "compiles once per bucket of such sizes (torchtpu.set_shape_buckets), or pad batches to a few lengths. "
+            "Counted in torchtpu.metrics as lowerings.size_changes; warned once.",
             stacklevel=2)
 
 
@@ -132,7 +134,10 @@ def rows_tensor(host: torch.Tensor, device, source=None, bound=None) -> torch.Te
         return host.to(device)
     padded = torch.zeros((cap, *host.shape[1:]), dtype=host.dtype)
     padded[:n] = host
-    dev = padded.to(device)
+    from . import executor
+
+    with executor.exact_uploads():  # its own capacity, not a batch's
+        dev = padded.to(device)
     out = dev[:n]
     _C._set_rows(out, n, out.stride(0) * out.element_size())
     return out
@@ -208,6 +213,14 @@ _ROWWISE_EXTRA = {
     "new_empty_strided", "gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward",
     "logit_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",
 }
+
+# ops over a batch's samples one by one (their dim 0): the padding samples compute padding
+# (name -> the argument positions of its weights, which are not samples)
+_PER_SAMPLE = {"convolution_overrideable": (1, 2), **{n: () for n in (
+    "max_pool2d_with_indices", "avg_pool2d", "_adaptive_avg_pool2d", "max_pool2d_with_indices_backward",
+    "avg_pool2d_backward", "_adaptive_avg_pool2d_backward", "upsample_nearest2d", "upsample_bilinear2d")}}
+# (grad_output, input, weight...): the weight's and bias's gradients sum over the samples
+_PER_SAMPLE_BACKWARD = {"convolution_backward_overrideable"}
 
 # reductions and per-row normalizations: (argument index of the dims, default when absent: None = every dim)
 _REDUCE = {
@@ -442,6 +455,19 @@ def _classify(fname, args, kwargs, bdim):
         if any(isinstance(t, torch.Tensor) and id(t) not in bdim for t in (args[0], args[3], args[4])):
             raise Decline("layer_norm backward: gradient, mean or rstd at its exact size")
         return {id(t): ZERO for t in bucketed}  # the weight and bias gradients sum over the rows
+
+    if name in _PER_SAMPLE:  # each sample (dim 0: a batch of varying size) on its own
+        weights = [a for k, a in enumerate(args) if k in _PER_SAMPLE[name] and isinstance(a, torch.Tensor)]
+        samples = [t for t in tensors if not any(t is w for w in weights)]
+        if any(id(w) in bdim for w in weights) or any(bdim.get(id(t)) != 0 for t in samples):
+            raise Decline(f"{name}: rows other than the batch of its samples")
+        return {}
+
+    if name in _PER_SAMPLE_BACKWARD:  # the input gradient per sample; the weight (and bias) gradients sum over it
+        go, x = args[0], args[1]
+        if bdim.get(id(go)) != 0 or bdim.get(id(x)) != 0 or any(t is not go and t is not x for t in bucketed):
+            raise Decline(f"{name}: rows other than the batch of the gradient and the input")
+        return {id(go): ZERO, id(x): ZERO}
 
     if (op is not None and torch.Tag.pointwise in op.tags) or name in _ROWWISE_EXTRA:
         nd = max(t.dim() for t in tensors)

@@ -94,6 +94,17 @@ def direct_trace(opname: str, device_index: int) -> Trace:
     return Trace(opname, device_index, storage)
 
 
+@contextlib.contextmanager
+def exact_uploads():
+    """Uploads inside keep their exact sizes: our own copies (a bucketed graph's inputs padded to their capacity, a
+    nonzero's rows) are not batches whose dim 0 varies (csrc/executor/kernel.cpp upload_capacity)."""
+    before = _C._set_exact_uploads(True)
+    try:
+        yield
+    finally:
+        _C._set_exact_uploads(before)
+
+
 # -- host reads -----------------------------------------------------------------------------------------------
 def buffer_of(t: torch.Tensor, cause: int = CUT_HOST_READ):
     """The jax Array holding t's whole storage (what is pending is launched first), or None if never written."""

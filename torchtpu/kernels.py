@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
 
-from . import _C, eager_buckets, metrics, optable
+from . import _C, eager_buckets, eager_symbolic, metrics, optable
 from .errors import TpuOpError, op_error
 from .tables import DIRECT, FOREACH, INPLACE_RULES, META, PREPROCESS, RULES, SCALARS_SHAPE_OUTPUT
 from .trace import ArgSlot, OutputSlot, RuntimeScalar, Trace, label, plain, register_fragment
@@ -348,7 +348,9 @@ def lower(name, values, runtime_slots, storages, device, key=None, buckets=None)
     metrics.inc("lowerings")
     eager_buckets.note_lowering(name, values)
     slots = [tuple(p) for p in runtime_slots]
-    if buckets is not None:
+    if buckets is not None and buckets[0] == "sym":  # a varying inner size
+        entry, registration = eager_symbolic.lower(name, values, slots, storages, device, *buckets[1:])
+    elif buckets is not None:
         entry, registration = eager_buckets.lower(name, values, slots, storages, device, *buckets)
     else:
         call = _Call(name, values, True, slots, storages, device)

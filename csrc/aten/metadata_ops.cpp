@@ -42,6 +42,10 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
   TORCH_CHECK(!layout || *layout == at::kStrided, "tpu tensors support only the strided layout, got ", *layout);
   const auto st = c10::dtype_or_default(dtype);
   check_dtype(st);
+  if (!memory_format || *memory_format == at::MemoryFormat::Contiguous) {
+    at::Tensor t = sym_empty(size, st);  // torch.ones(L, L) while L varies: a storage of L's bucket
+    if (t.defined()) return t;
+  }
   return at::detail::empty_generic(size, tpu_allocator(), kTpuKeys, st, memory_format);
 }
 
@@ -148,7 +152,23 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 }  // namespace
 }  // namespace torchtpu
 
+// arange(end) and arange(start, end) as arange(start, end, 1), which the op table lowers as one functional op (torch's
+// own composite is empty + arange.out: an out= form resized per call, which no bucketed size can follow)
+namespace torchtpu {
+at::Tensor arange_start(const at::Scalar& start, const at::Scalar& end, std::optional<at::ScalarType> dtype,
+                        std::optional<at::Layout> layout, std::optional<at::Device> device,
+                        std::optional<bool> pin_memory) {
+  return at::arange(start, end, 1, dtype, layout, device, pin_memory);
+}
+at::Tensor arange_end(const at::Scalar& end, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                      std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  return at::arange(0, end, 1, dtype, layout, device, pin_memory);
+}
+}  // namespace torchtpu
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("arange.start", torchtpu::arange_start);
+  m.impl("arange", torchtpu::arange_end);
   m.impl("empty.memory_format", torchtpu::empty_memory_format);
   m.impl("empty_strided", torchtpu::empty_strided);
   m.impl("empty_like", torchtpu::empty_like);

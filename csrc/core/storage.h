@@ -74,6 +74,13 @@ struct StorageHandle {
   // tensor the user sees reaches. -1: not bucketed. Set with the value by the op that made the storage.
   int64_t rows = -1;
   int64_t row_bytes = 0;
+  // A varying inner size (eager bounded dynamic shapes: a batch's sequence length L). The storage holds a compact
+  // tensor (row-major, from its start) whose sizes follow L, in the bytes of its sizes at `sym_cap` (L's bucket);
+  // `sym_shape` are those sizes, each a static size or a form code of L (executor/kernel.cpp sym_code). -1: none.
+  // Set by the upload or the op that made the storage.
+  int64_t sym = -1;
+  int64_t sym_cap = 0;
+  c10::SmallVector<int64_t, 4> sym_shape;
 
   // Points the handle at a new value (dropping the old one); pending keeps the node's output alive.
   void set_buffer(BufferPtr b);

@@ -16,10 +16,11 @@ struct ArgPath {  // an argument of the op, or an element of a list argument
 };
 
 struct ScalarSource {
-  enum Kind : uint8_t { kArg = 0, kCpuTensor = 1, kRng = 2, kRows = 3 };
+  enum Kind : uint8_t { kArg = 0, kCpuTensor = 1, kRng = 2, kRows = 3, kSym = 4 };
   Kind kind = kArg;
   ArgPath path;            // kArg, kCpuTensor; kRng: the generator argument (arg -1: the device's default);
-                           // kRows: path.arg is the row class whose valid row count the op reads
+                           // kRows: path.arg is the row class whose valid row count the op reads;
+                           // kSym: the call's varying inner size L
   int64_t increment = 0;   // kRng: how far the op advances the generator's offset
 };
 
@@ -34,6 +35,9 @@ struct OutputSpec {
   // `rows_class` in the tensor returned (its storage stays bucketed, rows of strides[rows_dim] elements)
   int32_t rows_class = -1;
   int32_t rows_dim = -1;
+  // kNew of a signature with a varying inner size: per dim, its size as a form code (sym_code: a * L^p + b) or a
+  // static size; the storage gets the bytes of these sizes at the capacity, the tensor is contiguous at L
+  std::vector<int64_t> sym_sizes;
 };
 
 struct ResultTarget {  // a fragment result becomes the value of ...

@@ -24,12 +24,19 @@ Mode get_mode();
 
 // Eager bucketed rows (torchtpu/eager_buckets.py): whether signatures look for bucketed tensors, and a storage's
 // valid rows (rows < 0: not bucketed). rows_of: (rows, row bytes) of t's storage.
-void set_eager_buckets(bool on);
+// Eager bucketing on or off, and the policy's bucket sizes (empty: powers of two) for uploads whose dim 0 varies.
+void set_eager_buckets(bool on, std::vector<int64_t> row_buckets);
+// This thread's uploads stay exact (true) or may be bucketed when their dim 0 varies (false); returns the previous.
+bool set_exact_uploads(bool on);
 void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes);
 std::pair<int64_t, int64_t> rows_of(const at::Tensor& t);
 // empty_like's result for a tensor whose dim 0 walks bucketed rows: the same rows in a storage of the capacity
 // (zeros_like / ones_like / full_like of a routed tensor stay bucketed); otherwise `out` as it is.
 at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out);
+// A new contiguous tensor whose sizes include the current varying inner size L (the last upload's, +-1): compact in
+// a storage of its sizes at L's bucket, marked with L; undefined when none does (or buckets are off). The caller
+// holds a device guard.
+at::Tensor sym_empty(c10::IntArrayRef size, at::ScalarType dtype);
 
 void register_kernels(const std::vector<std::string>& op_names);
 
@@ -57,6 +64,8 @@ void synchronize(int64_t device, int cause);  // device < 0: every device
 struct ExecCounters {
   int64_t ops = 0, hits = 0, misses = 0, python_kernels = 0, specializations = 0, entries = 0;
   int64_t bucket_exact = 0;  // calls with bucketed tensors that the rules ran at their exact sizes
+  int64_t upload_rows = 0;   // uploads given a bucket's capacity (their dim 0 varies)
+  int64_t upload_sym = 0;    // uploads marked with a varying inner size
 };
 ExecCounters exec_counters();
 std::vector<std::pair<std::string, int64_t>> op_counts();  // ops dispatched to the C++ kernel, by name

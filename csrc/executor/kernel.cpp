@@ -134,7 +134,16 @@ struct Sig {
   };
   std::vector<Broadcast> broadcast;
   int32_t tensors = 0;  // tensor arguments
+  // a varying inner size L (storages marked by an upload or an earlier such op): its value and bucket, and each
+  // value of a tensor argument on such a storage that the key holds as a form of L
+  int64_t sym = -1, sym_cap = 0;
+  bool sym_ints = false;  // a call without tensors (a factory): its int arguments may stand for the current L
+  std::vector<runtime::LowerRequest::SymForm> sym_forms;
 };
+
+// The varying inner size of the last upload that had one, and its bucket: what a factory's size argument equal to
+// it (arange(L) for position ids, a mask's ones(L, L)) is taken for.
+std::atomic<int64_t> g_current_sym{-1}, g_current_sym_cap{0};
 
 // A row class's dim in the key: a negative size (no real size is), the class and capacity in it.
 int64_t rows_code(int32_t cls, int64_t capacity) { return ~((static_cast<int64_t>(cls) << 40) | capacity); }
@@ -168,6 +177,55 @@ RecentRows& recent_rows() {
   return *r;
 }
 
+// -- a varying inner size: values as forms a * L^p + b ----------------------------------------------------------
+// A form's key value: negative (no size, stride or offset is; rows codes have bit 62 clear, these set).
+int64_t sym_code(int64_t a, int64_t b, int64_t p) {
+  return ~((int64_t{1} << 62) | (p << 56) | ((b + 128) << 48) | a);
+}
+
+int64_t sym_value(int64_t code, int64_t L) {
+  if (code >= 0) return code;
+  const int64_t c = ~code;
+  const int64_t p = (c >> 56) & 0x3f, b = ((c >> 48) & 0xff) - 128, a = c & ((int64_t{1} << 48) - 1);
+  return a * (p == 2 ? L * L : L) + b;
+}
+
+// The contiguous strides of a storage's shape codes, as codes (a stride that is no form a * L^p: -1 in `ok`).
+c10::SmallVector<int64_t, 6> sym_strides(const c10::SmallVector<int64_t, 4>& shape, c10::SmallVector<bool, 6>* ok) {
+  c10::SmallVector<int64_t, 6> out(shape.size());
+  ok->assign(shape.size(), true);
+  int64_t a = 1, p = 0;
+  bool form = true;
+  for (size_t d = shape.size(); d-- > 0;) {
+    out[d] = p == 0 ? a : sym_code(a, 0, p);
+    (*ok)[d] = form && p <= 2 && a < (int64_t{1} << 40);
+    const int64_t c = shape[d];
+    if (c >= 0) {
+      a *= std::max<int64_t>(c, 1);
+    } else {
+      const int64_t x = ~c;
+      if (((x >> 48) & 0xff) != 128) form = false;  // (a L + b) with b != 0: products are no forms
+      a *= x & ((int64_t{1} << 48) - 1);
+      p += (x >> 56) & 0x3f;
+    }
+  }
+  return out;
+}
+
+// Which form of L a value of a view is taken for (0: a static value). Any answer is right: a later call matches the
+// key only when its own values are the same forms of its own L, and the op was lowered for every L of the bucket
+// under these forms. A wrong guess (a hidden size equal to 2L) costs an entry and a lowering at exact sizes, not a
+// wrong value. A tensor that is its storage's compact tensor is keyed by the storage's own codes instead.
+int64_t sym_classify(int64_t v, int64_t L) {
+  if (v < L - 1) return 0;
+  if (v >= L * L && v % (L * L) == 0) return sym_code(v / (L * L), 0, 2);
+  const int64_t a = (v + L / 2) / L, b = v - a * L;
+  if (a >= 1 && b >= -1 && b <= 1 && a < (int64_t{1} << 40)) return sym_code(a, b, 1);
+  return 0;
+}
+
+constexpr int64_t kSymMinCapacity = 16;  // shorter varying sizes are keyed exactly (few sizes, easy misreadings)
+
 template <typename T>
 void put(std::string& key, T v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof(v));
@@ -175,12 +233,23 @@ void put(std::string& key, T v) {
 
 enum Tag : uint8_t {
   kNone = 1, kBool, kInt, kDouble, kComplex, kString, kIntList, kDoubleList, kBoolList, kDevice, kGenerator,
-  kTensorTag, kUndefined, kCpuScalar, kRuntime, kList, kStorageTag
+  kTensorTag, kUndefined, kCpuScalar, kRuntime, kList, kStorageTag, kSymInt
 };
 
 // A Scalar value: 0, 1, -1 and non-finite values are part of the key (rules fold them into constants); any
 // other value is a runtime parameter, keyed by its type only.
+bool put_sym_int(Sig& s, int64_t v, ArgPath path) {
+  if (!s.sym_ints || v < s.sym - 1 || v > s.sym + 1) return false;
+  const int64_t code = sym_code(1, v - s.sym, 1);
+  put<uint8_t>(s.key, kSymInt);
+  put<int64_t>(s.key, code);
+  put<int64_t>(s.key, s.sym_cap);  // the entry's results are laid out at the capacity
+  s.sym_forms.push_back({path, -1, code});
+  return true;
+}
+
 void put_number(Sig& s, const c10::IValue& v, ArgPath path) {
+  if (v.isInt() && put_sym_int(s, v.toInt(), path)) return;
   double d;
   if (v.isDouble()) {
     d = v.toDouble();
@@ -291,6 +360,60 @@ void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path 
   const int32_t rdim = s.bucketing && path.arg >= 0 ? rows_dim(t, st) : -1;
   if (path.arg >= 0) ++s.tensors;
   put<int32_t>(s.key, static_cast<int32_t>(sizes.size()));
+  if (s.sym >= 0 && path.arg >= 0) {
+    StorageHandle* h = handle_of(st);
+    if (h != nullptr && h->sym == s.sym && h->sym_cap == s.sym_cap) {  // each value: static, or a form of L
+      const int32_t nd = static_cast<int32_t>(sizes.size());
+      // the storage's compact tensor itself: its sizes and strides are the storage's codes
+      bool whole = t.storage_offset() == 0 && h->sym_shape.size() == sizes.size();
+      c10::SmallVector<bool, 6> ok;
+      c10::SmallVector<int64_t, 6> cstrides;
+      if (whole) {
+        cstrides = sym_strides(h->sym_shape, &ok);
+        for (int32_t i = 0; i < nd && whole; ++i) {
+          whole = sym_value(h->sym_shape[i], s.sym) == sizes[i] &&
+                  (sizes[i] == 1 || sym_value(cstrides[i], s.sym) == strides[i]);
+        }
+      }
+      // known: 0 guesses, 1 keeps the value static, a negative code is taken as it is. A view's value is first
+      // looked up among the storage's own sizes and strides (a static size stays static: 96 is not 4L at L = 24),
+      // then taken for a form of L (sym_classify)
+      if (!whole) cstrides = sym_strides(h->sym_shape, &ok);
+      auto guess = [&](int64_t v) -> int64_t {
+        if (v < s.sym - 1) return 0;
+        for (int64_t c : h->sym_shape) {
+          if (c >= 0 && c == v) return 0;
+        }
+        for (int64_t c : h->sym_shape) {
+          if (c < 0 && sym_value(c, s.sym) == v) return c;
+        }
+        for (size_t d = 0; d < cstrides.size(); ++d) {
+          if (ok[d] && cstrides[d] < 0 && sym_value(cstrides[d], s.sym) == v) return cstrides[d];
+        }
+        return sym_classify(v, s.sym);
+      };
+      auto put_value = [&](int64_t v, int32_t slot, int64_t known) {
+        const int64_t code = known < 0 ? known : known == 1 ? 0 : guess(v);
+        if (code < 0) s.sym_forms.push_back({path, slot, code});
+        put<int64_t>(s.key, code < 0 ? code : v);
+      };
+      for (int32_t i = 0; i < nd; ++i) {
+        put_value(sizes[i], i, whole ? (h->sym_shape[i] < 0 ? h->sym_shape[i] : 1) : 0);
+        put_value(strides[i], nd + i, whole ? (ok[i] && cstrides[i] < 0 ? cstrides[i] : 1) : 0);
+      }
+      put_value(t.storage_offset(), 2 * nd, 0);
+      int32_t k = -1;
+      for (size_t i = 0; i < s.storages.size() && k < 0; ++i) {
+        if (s.storages[i] == st) k = static_cast<int32_t>(i);
+      }
+      if (k < 0) {
+        k = static_cast<int32_t>(s.storages.size());
+        s.storages.push_back(st);
+      }
+      put<int32_t>(s.key, k);
+      return;
+    }
+  }
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (static_cast<int32_t>(i) == rdim) {
       StorageHandle* h = handle_of(st);
@@ -326,7 +449,7 @@ void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path 
   put<int32_t>(s.key, k);
 }
 
-void put_other(Sig& s, const c10::IValue& v) {
+void put_other(Sig& s, const c10::IValue& v, ArgPath path = {-1, -1}) {
   if (v.isNone()) {
     put<uint8_t>(s.key, kNone);
   } else if (v.isBool()) {
@@ -347,7 +470,9 @@ void put_other(Sig& s, const c10::IValue& v) {
     put<uint8_t>(s.key, kIntList);
     const auto l = v.toIntList();
     put<uint32_t>(s.key, static_cast<uint32_t>(l.size()));
-    for (int64_t x : l) put<int64_t>(s.key, x);
+    for (size_t j = 0; j < l.size(); ++j) {
+      if (path.arg < 0 || !put_sym_int(s, l.get(j), {path.arg, static_cast<int32_t>(j)})) put<int64_t>(s.key, l.get(j));
+    }
   } else if (v.isDoubleList()) {
     put<uint8_t>(s.key, kDoubleList);
     const auto l = v.toDoubleList();
@@ -371,6 +496,48 @@ void put_other(Sig& s, const c10::IValue& v) {
   }
 }
 
+// The call's varying inner size: the one L of its tensors' storages that have one (none when two differ, or a
+// tensor walks bucketed rows: those are keyed as rows). The caller holds exec_mutex().
+void find_sym(const OpInfo& info, const torch::jit::Stack& stack, size_t base, Sig& s) {
+  bool conflict = false, any_tensor = false;
+  auto see = [&](const c10::IValue& v) {
+    if (!v.isTensor()) return;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return;
+    any_tensor = true;
+    if (!t.device().is_privateuseone()) return;
+    StorageHandle* h = handle_of(t.storage());
+    if (h == nullptr) return;
+    if (h->rows >= 2) conflict = true;
+    if (h->sym < 0) return;
+    if (s.sym < 0) {
+      s.sym = h->sym;
+      s.sym_cap = h->sym_cap;
+    } else if (s.sym != h->sym || s.sym_cap != h->sym_cap) {
+      conflict = true;
+    }
+  };
+  for (size_t i = 0; i < info.nargs && !conflict; ++i) {
+    const c10::IValue& v = stack[base + i];
+    if (info.kinds[i] == ArgKind::kTensor) {
+      see(v);
+    } else if ((info.kinds[i] == ArgKind::kTensorList || info.kinds[i] == ArgKind::kOptTensorList) && !v.isNone()) {
+      for (const auto& e : v.toListRef()) see(e);
+    }
+  }
+  if (conflict) {
+    s.sym = -1;
+    s.sym_cap = 0;
+    return;
+  }
+  if (s.sym < 0 && !any_tensor && g_current_sym.load(std::memory_order_relaxed) >= 0) {
+    s.sym = g_current_sym.load();
+    s.sym_cap = g_current_sym_cap.load();
+    s.sym_ints = s.sym_cap >= kSymMinCapacity;
+    if (!s.sym_ints) s.sym = -1;
+  }
+}
+
 void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
   s.key.clear();
   s.storages.clear();
@@ -382,8 +549,13 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
   s.capacity.clear();
   s.broadcast.clear();
   s.tensors = 0;
+  s.sym = -1;
+  s.sym_cap = 0;
+  s.sym_ints = false;
+  s.sym_forms.clear();
   put<const void*>(s.key, &info);
   const size_t base = stack.size() - info.nargs;
+  if (s.bucketing) find_sym(info, stack, base, s);
   c10::DeviceIndex device_arg = -1;
   for (size_t i = 0; i < info.nargs; ++i) {
     const c10::IValue& v = stack[base + i];
@@ -440,7 +612,7 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
         if (v.isDevice() && v.toDevice().is_privateuseone()) {
           device_arg = v.toDevice().has_index() ? v.toDevice().index() : current_device();
         }
-        put_other(s, v);
+        put_other(s, v, path);
     }
     if (s.python) return;
   }
@@ -478,6 +650,7 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
       break;
     }
   }
+  if (!s.sym_forms.empty()) put<int64_t>(s.key, s.sym_cap);  // (tensors' storages say it too; a factory's not)
   if (s.device < 0) s.device = device_arg >= 0 ? device_arg : current_device();
   put<int8_t>(s.key, s.device);
   // factories and type promotion with dtype=None follow torch.get_default_dtype()
@@ -545,6 +718,11 @@ Entry lower(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit:
   req.runtime_slots = sig.runtime_slots;
   req.bucketed = sig.bucketed;
   req.rows = sig.rows;
+  if (!sig.sym_forms.empty()) {
+    req.sym = sig.sym;
+    req.sym_cap = sig.sym_cap;
+    req.sym_forms = sig.sym_forms;
+  }
   // sig.key starts with the OpInfo's address, which only this process knows
   req.key = info.name + '\0' + sig.key.substr(sizeof(const void*));
   {
@@ -566,6 +744,10 @@ Entry lower(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit:
 void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const Sig& sig, const torch::jit::Stack& stack,
                  size_t base, c10::DeviceIndex device, Node& node) {
   const ScalarKind kind = f.scalars[s].kind;
+  if (src.kind == ScalarSource::kSym) {
+    node.iscalars.push_back(sig.sym);
+    return;
+  }
   if (src.kind == ScalarSource::kRows) {
     node.iscalars.push_back(sig.rows.at(src.path.arg));
     return;
@@ -611,6 +793,29 @@ void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const Sig
 // storage (the caller holds exec_mutex()).
 at::Tensor new_output(const OutputSpec& o, c10::DeviceIndex device, const Sig& sig) {
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  if (!o.sym_sizes.empty()) {  // compact at L in a storage of its sizes at the capacity
+    c10::SmallVector<int64_t, 6> sizes, strides(o.sym_sizes.size());
+    int64_t numel = 1, cap_numel = 1;
+    for (int64_t code : o.sym_sizes) {
+      sizes.push_back(sym_value(code, sig.sym));
+      numel *= sizes.back();
+      cap_numel *= sym_value(code, sig.sym_cap);
+    }
+    int64_t acc = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      strides[d] = acc;
+      acc *= std::max<int64_t>(sizes[d], 1);
+    }
+    at::Tensor t = at::detail::empty_strided_generic({cap_numel}, {1}, tpu_allocator(), kTpuKeys, o.dtype);
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+    StorageHandle* h = handle_of(t.storage());
+    if (h != nullptr && numel > 0) {
+      h->sym = sig.sym;
+      h->sym_cap = sig.sym_cap;
+      h->sym_shape.assign(o.sym_sizes.begin(), o.sym_sizes.end());
+    }
+    return t;
+  }
   at::Tensor t = at::detail::empty_strided_generic(o.sizes, o.strides, tpu_allocator(), kTpuKeys, o.dtype);
   if (o.rows_class >= 0) {
     const int64_t n = sig.rows.at(o.rows_class);
@@ -697,6 +902,88 @@ bool covers_storage(const at::Tensor& t) {
 
 std::atomic<int64_t> g_upload_host_copies{0};
 
+// Uploads whose sizes vary (batches of varying size or sequence length). An upload's source is its dtype, its number
+// of dims and its rank among the uploads of that kind since the last host read (a step's batch is the first int64
+// [B, L] of each step); tensors that require grad (a module's parameters) and our own uploads are left out. Once a
+// source's upload differs from the previous one's in one dim, that dim varies (Dynamo's "automatic dynamic"): this
+// and every later upload of the source that differs at most there is bucketed along it. Dim 0 (a batch's size):
+// padded on the host to its bucket (zeros) in a storage of the bucket's capacity with its rows marked, as a
+// nonzero's rows are. An inner dim (a sequence length L): the compact bytes in a storage of the sizes at L's bucket,
+// marked with L (StorageHandle::sym). Either way the ops after it serve every size of the bucket with one program;
+// a source whose sizes never change, or change in several dims, stays exact.
+std::mutex g_upload_rows_mu;
+struct UploadSource {
+  c10::SmallVector<int64_t, 6> sizes;  // of its last upload
+  int32_t varying = -1;                // the dim that varies; -1: none yet; -2: several (exact)
+};
+std::unordered_map<std::string, UploadSource> g_upload_sources;
+std::unordered_map<std::string, int32_t> g_upload_rank;  // kind -> uploads of it since the last host read
+std::atomic<int64_t> g_host_reads{0};
+int64_t g_upload_period = -1;
+std::vector<int64_t> g_row_buckets;  // the policy's sizes (torchtpu.set_shape_buckets); empty: powers of two
+std::atomic<int64_t> g_upload_rows{0}, g_upload_sym{0};
+
+int64_t row_bucket(int64_t n) {
+  if (g_row_buckets.empty()) {
+    int64_t b = 1;
+    while (b < n) b <<= 1;
+    return b;
+  }
+  for (int64_t b : g_row_buckets) {
+    if (n <= b) return b;
+  }
+  return n;
+}
+
+thread_local bool t_exact_uploads = false;  // our own uploads (a bucketed graph's inputs at their capacity)
+
+struct UploadBucket {
+  int32_t dim = -1;  // -1: exact; 0: rows; >= 1: a varying inner size
+  int64_t capacity = 0;
+};
+
+// How an upload into `self` (covering its storage) is bucketed.
+UploadBucket upload_bucket(const at::Tensor& self) {
+  UploadBucket out;
+  if (!g_eager_buckets.load(std::memory_order_relaxed) || self.dim() == 0 || t_exact_uploads) return out;
+  std::string kind(1, static_cast<char>(self.scalar_type()));
+  kind.push_back(static_cast<char>(self.dim()));
+  std::lock_guard<std::mutex> lk(g_upload_rows_mu);
+  const int64_t period = g_host_reads.load();
+  if (period != g_upload_period) {
+    g_upload_period = period;
+    g_upload_rank.clear();
+  }
+  const int32_t rank = g_upload_rank[kind]++;
+  kind.append(reinterpret_cast<const char*>(&rank), sizeof(rank));
+  const auto sizes = self.sizes();
+  auto it = g_upload_sources.find(kind);
+  if (it == g_upload_sources.end()) {
+    if (g_upload_sources.size() >= 4096) g_upload_sources.clear();
+    g_upload_sources[kind].sizes.assign(sizes.begin(), sizes.end());
+    return out;
+  }
+  UploadSource& src = it->second;
+  int32_t changed = -1;
+  for (int32_t d = 0; d < self.dim(); ++d) {
+    if (sizes[d] == src.sizes[d] || d == src.varying) continue;
+    changed = changed == -1 && src.varying == -1 ? d : -2;
+  }
+  src.sizes.assign(sizes.begin(), sizes.end());
+  if (changed == -2 || src.varying == -2) {
+    src.varying = -2;
+    return out;
+  }
+  if (changed >= 0) src.varying = changed;
+  if (src.varying < 0) return out;
+  const int64_t n = sizes[src.varying];
+  if (n < 2) return out;
+  out.capacity = row_bucket(n);
+  if (src.varying > 0 && out.capacity < kSymMinCapacity) return UploadBucket();
+  out.dim = src.varying;
+  return out;
+}
+
 // copy_ from the host into a tpu tensor: the values converted on the CPU (dtype, broadcast, conj/neg bits), one
 // transfer into a new device buffer (jaxlib's C++ device_put), which becomes the storage's value when the tensor
 // covers it, else is written through the view by a tpu -> tpu copy_.
@@ -709,7 +996,44 @@ void upload(const at::Tensor& self, const at::Tensor& src) {
   graph_counters().h2d_transfers += 1;
   graph_counters().h2d_bytes += static_cast<int64_t>(host.nbytes());
   if (covers_storage(self)) {
-    set_storage_buffer(self, runtime::upload(host, device), self.scalar_type(), self.sizes().vec());
+    // a parameter (module.to) is never a batch: its source's rank must not take a batch's place
+    const UploadBucket ub = self.storage().resizable() && !src.requires_grad() ? upload_bucket(self) : UploadBucket();
+    std::vector<int64_t> shape = self.sizes().vec();
+    if (ub.dim >= 0) {  // padded on the host (free), one transfer of the capacity
+      const int64_t n = self.size(ub.dim);
+      c10::SmallVector<int64_t, 6> cap_sizes(self.sizes().begin(), self.sizes().end());
+      cap_sizes[ub.dim] = ub.capacity;
+      int64_t cap_numel = 1;
+      for (int64_t x : cap_sizes) cap_numel *= x;
+      at::Tensor padded;
+      if (ub.dim == 0) {
+        padded = at::zeros(cap_sizes, host.options());
+        padded.narrow(0, 0, n).copy_(host);
+      } else {  // compact: the exact tensor's row-major values first
+        padded = at::zeros({cap_numel}, host.options());
+        padded.narrow(0, 0, host.numel()).copy_(host.reshape(-1));
+      }
+      if (padded.nbytes() != host.nbytes()) {
+        resize_storage_bytes(self.storage().unsafeGetStorageImpl(), padded.nbytes());
+      }
+      host = padded;
+      shape = host.sizes().vec();
+    }
+    set_storage_buffer(self, runtime::upload(host, device), self.scalar_type(), shape);
+    if (ub.dim == 0) {
+      g_upload_rows += 1;
+      set_rows(self, self.size(0), self.stride(0) * static_cast<int64_t>(self.element_size()));
+    } else if (ub.dim > 0) {
+      g_upload_sym += 1;
+      std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+      StorageHandle* h = handle_of(self.storage());
+      h->sym = self.size(ub.dim);
+      h->sym_cap = ub.capacity;
+      h->sym_shape.assign(self.sizes().begin(), self.sizes().end());
+      h->sym_shape[ub.dim] = sym_code(1, 0, 1);
+      g_current_sym_cap = ub.capacity;
+      g_current_sym = h->sym;
+    }
     if (static_cast<int64_t>(host.nbytes()) <= g_upload_host_copies.load()) {
       // our own bytes only: the caller may write its tensor (the next batch) after the copy returns
       at::Tensor keep = host.is_alias_of(src) || host.storage_offset() != 0 ||
@@ -861,7 +1185,20 @@ std::vector<std::unique_ptr<torch::Library>> g_other_libs;
 }  // namespace
 
 void set_mode(Mode m) { g_mode = static_cast<int>(m); }
-void set_eager_buckets(bool on) { g_eager_buckets = on; }
+bool set_exact_uploads(bool on) {
+  const bool before = t_exact_uploads;
+  t_exact_uploads = on;
+  return before;
+}
+
+void set_eager_buckets(bool on, std::vector<int64_t> row_buckets) {
+  g_eager_buckets = on;
+  std::lock_guard<std::mutex> lk(g_upload_rows_mu);
+  g_row_buckets = std::move(row_buckets);
+  g_upload_sources.clear();
+  g_upload_rank.clear();
+  g_current_sym = -1;
+}
 
 void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes) {
   StorageHandle* h = handle_of(t.storage());
@@ -875,13 +1212,40 @@ void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes) {
   if (rows >= 0) recent_rows().note(rows, static_cast<int64_t>(t.storage().nbytes()) / row_bytes);
 }
 
+at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int64_t cap);
+
 at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
   if (!g_eager_buckets.load(std::memory_order_relaxed) || !self.device().is_privateuseone() ||
       !out.device().is_privateuseone() || out.dim() == 0 || out.sizes() != self.sizes() || !out.is_contiguous()) {
     return out;
   }
-  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  std::unique_lock<std::recursive_mutex> lk(exec_mutex());
   c10::StorageImpl* st = self.storage().unsafeGetStorageImpl();
+  StorageHandle* hs = handle_of(st);
+  if (hs != nullptr && hs->sym >= 0 && self.is_contiguous() && self.storage_offset() == 0 &&
+      hs->sym_shape.size() == static_cast<size_t>(self.dim())) {  // the compact tensor of a varying size
+    int64_t cap_numel = 1;
+    for (int64_t d = 0; d < self.dim(); ++d) {
+      if (sym_value(hs->sym_shape[d], hs->sym) != self.size(d)) return out;
+      cap_numel *= sym_value(hs->sym_shape[d], hs->sym_cap);
+    }
+    const c10::DeviceGuard guard(out.device());
+    at::Tensor big = at::detail::empty_strided_generic({cap_numel}, {1}, tpu_allocator(), kTpuKeys, out.scalar_type());
+    big.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides());
+    StorageHandle* hb = handle_of(big.storage());
+    if (hb == nullptr) return out;
+    hb->sym = hs->sym;
+    hb->sym_cap = hs->sym_cap;
+    hb->sym_shape = hs->sym_shape;
+    return big;
+  }
+  if (hs != nullptr && hs->sym >= 0) {  // a view of it (q.transpose(1, 2).contiguous()): its sizes of L +- 1 follow L
+    const int64_t L = hs->sym, cap = hs->sym_cap;
+    lk.unlock();
+    const c10::DeviceGuard guard(out.device());
+    at::Tensor t = sym_alloc(out.sizes(), out.scalar_type(), L, cap);
+    return t.defined() ? t : out;
+  }
   if (rows_dim(self, st) != 0) return out;
   StorageHandle* h = handle_of(st);
   c10::SmallVector<int64_t, 6> sizes(out.sizes().begin(), out.sizes().end());
@@ -894,6 +1258,37 @@ at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
   hb->rows = h->rows;
   hb->row_bytes = out.stride(0) * static_cast<int64_t>(out.element_size());
   return big;
+}
+
+// A contiguous tensor of these sizes compact in a storage of its sizes at L's bucket `cap`, each size of L +- 1 taken
+// for a form of L; undefined when none is.
+at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int64_t cap) {
+  c10::SmallVector<int64_t, 4> codes;
+  bool any = false;
+  int64_t cap_numel = 1;
+  for (int64_t n : size) {
+    const bool follows = n >= L - 1 && n <= L + 1;
+    codes.push_back(follows ? sym_code(1, n - L, 1) : n);
+    cap_numel *= follows ? cap + (n - L) : n;
+    any = any || follows;
+  }
+  if (!any || cap_numel == 0) return at::Tensor();
+  at::Tensor t = at::detail::empty_strided_generic({cap_numel}, {1}, tpu_allocator(), kTpuKeys, dtype);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  StorageHandle* h = handle_of(t.storage());
+  if (h != nullptr) {
+    h->sym = L;
+    h->sym_cap = cap;
+    h->sym_shape = std::move(codes);
+  }
+  return t;
+}
+
+at::Tensor sym_empty(c10::IntArrayRef size, at::ScalarType dtype) {
+  const int64_t L = g_current_sym.load(std::memory_order_relaxed), cap = g_current_sym_cap.load();
+  if (L < 0 || cap < kSymMinCapacity || !g_eager_buckets.load(std::memory_order_relaxed)) return at::Tensor();
+  return sym_alloc(size, dtype, L, cap);
 }
 
 std::pair<int64_t, int64_t> rows_of(const at::Tensor& t) {
@@ -973,6 +1368,7 @@ _object* storage_buffer(const at::Tensor& t, int cause) {
   // A host read is a cut point: what it needs launches first, the rest right after (or alone, when the value is
   // there already), so the steps of a loop are cut alike whatever the repeated-structure rule did before.
   if (cause != static_cast<int>(CutCause::kCollective)) note_host_read(h->device);
+  if (cause == static_cast<int>(CutCause::kHostRead)) g_host_reads += 1;  // a period of the upload sources' ranks
   if (target) {
     cut_for_read(h->device, target.get(), static_cast<CutCause>(cause));
   } else if (get_mode() == Mode::kFused) {
@@ -1055,6 +1451,8 @@ ExecCounters exec_counters() {
   c.specializations = g_specializations;
   c.entries = static_cast<int64_t>(g_table.size());
   c.bucket_exact = g_bucket_exact;
+  c.upload_rows = g_upload_rows;
+  c.upload_sym = g_upload_sym;
   return c;
 }
 
@@ -1068,7 +1466,7 @@ std::vector<std::pair<std::string, int64_t>> op_counts() {
 }
 
 void reset_counters() {
-  g_ops_total = g_hits = g_misses = g_python = g_specializations = g_bucket_exact = 0;
+  g_ops_total = g_hits = g_misses = g_python = g_specializations = g_bucket_exact = g_upload_rows = g_upload_sym = 0;
   std::lock_guard<std::mutex> lk(g_ops_mu);
   for (auto& kv : g_ops) kv.second->count = 0;
   auto& gc = graph_counters();

@@ -95,6 +95,7 @@ Entry entry_from_py(py::handle obj) {
         spec.rows_class = ot[6].cast<int32_t>();
         spec.rows_dim = ot[7].cast<int32_t>();
       }
+      if (ot.size() > 8) spec.sym_sizes = ot[8].cast<std::vector<int64_t>>();
     }
     e.outputs.push_back(std::move(spec));
   }
@@ -161,6 +162,11 @@ Entry lower_op(const LowerRequest& req) {
     py::list b;
     for (const auto& x : req.bucketed) b.append(py::make_tuple(x.path.arg, x.path.elem, x.dim, x.cls, x.capacity));
     buckets = py::make_tuple(py::cast(req.rows), b);
+  }
+  if (req.sym >= 0) {  // a varying inner size instead: ("sym", L, capacity, [(arg, elem, slot, code)...])
+    py::list f;
+    for (const auto& x : req.sym_forms) f.append(py::make_tuple(x.path.arg, x.path.elem, x.slot, x.code));
+    buckets = py::make_tuple("sym", req.sym, req.sym_cap, f);
   }
   py::object r = cb().lower(name, args, slots, storages, static_cast<int>(req.device), py::bytes(req.key), buckets);
   return entry_from_py(r);

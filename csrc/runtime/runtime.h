@@ -41,6 +41,15 @@ struct LowerRequest {
   };
   std::vector<Bucketed> bucketed;
   std::vector<int64_t> rows;
+  // a varying inner size: its value and bucket, and per value of a tensor argument taken as a form of it
+  // (path, slot: size d, then ndim + stride d, then 2 * ndim for the offset; its form code)
+  int64_t sym = -1, sym_cap = 0;
+  struct SymForm {
+    ArgPath path;
+    int32_t slot;
+    int64_t code;
+  };
+  std::vector<SymForm> sym_forms;
 };
 Entry lower_op(const LowerRequest& req);
 

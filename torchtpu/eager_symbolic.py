@@ -1,0 +1,408 @@
+"""A varying inner size in the eager modes (a batch's sequence length L): one table entry per bucket of L.
+
+An upload whose inner dim varies between steps (csrc/executor/kernel.cpp `upload_bucket`) is stored compact (its
+row-major values first) in a storage of its sizes at L's bucket, marked with L; so is every result of an op below.
+The op table keys each size, stride and offset of a tensor on such a storage as a form of L (``a * L**p + b``) or as
+a static value (kernel.cpp `sym_classify`): whatever the guess, a later call matches the key only when its own
+values are the same forms of its own L, so an entry lowered for every L of the bucket under those forms is right for
+every call it serves. On a miss :func:`lower` builds that entry:
+
+1. the op's result shapes under a symbolic L (fake tensors with sizes and strides as SymInts of one ShapeEnv
+   symbol); a call whose meta function guards on L (branches on its value) is declined;
+2. buckets.py's interpreter rule for the op, run on *traced* tensors (padded_trace.py), so the whole padded
+   computation becomes one fragment: each tensor on a marked storage is read from the storage's flat value by a
+   gather at runtime L (its strides and offset are forms of L) into the padded layout, the rule masks where the
+   op would read the padding, and each result that follows L is written compact at the capacity;
+3. the entry: L is a runtime int (``ScalarSource::kSym``), each new output's sizes are forms the C++ kernel
+   evaluates at the call's L (contiguous strides, a storage of the sizes at the capacity, marked with L again).
+
+Anything the interpreter cannot prove right (its ``Unsupported``), an op without a rule, a random draw, an in-place
+or ``out=`` form, answers ``exact``: the call is keyed again at its exact sizes (right, a program per size), counted
+in ``op_table.bucket_exact`` and ``eager_symbolic.declined.<op>`` (``TORCHTPU_BUCKETS_DEBUG=1`` prints why).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from . import buckets, metrics, padded_trace
+from . import emit as E
+from .trace import FROM_RNG, INT, OutputSlot
+
+EXACT = ("exact",)
+FROM_SYM = 4  # csrc/executor/entry.h ScalarSource::kSym
+
+
+class Decline(Exception):
+    pass
+
+
+# -- form codes (csrc/executor/kernel.cpp sym_code) ------------------------------------------------------------------
+def decode(code: int):
+    """(a, b, p) of a form code, or None for a static value."""
+    if code >= 0:
+        return None
+    c = ~code
+    return c & ((1 << 48) - 1), ((c >> 48) & 0xFF) - 128, (c >> 56) & 0x3F
+
+
+def encode(a: int, b: int, p: int) -> int:
+    return ~((1 << 62) | (p << 56) | ((b + 128) << 48) | a)
+
+
+def _expr(code_or_value, s0):
+    f = decode(code_or_value)
+    if f is None:
+        return code_or_value
+    a, b, p = f
+    return a * s0 ** p + b
+
+
+def _code_of(expr, s0):
+    """A size expression of the result as a form code, or its int; Decline when it is neither."""
+    import sympy
+
+    e = sympy.expand(sympy.sympify(expr))
+    if not e.free_symbols:
+        return int(e)
+    if e.free_symbols != {s0}:
+        raise Decline(f"a result size {e} of other symbols")
+    poly = sympy.Poly(e, s0)
+    coeffs = dict(poly.terms())
+    b = int(coeffs.pop((0,), 0))
+    if len(coeffs) != 1 or not -1 <= b <= 1:
+        raise Decline(f"a result size {e} that is no form a*L**p + b")
+    (p,), a = next(iter(coeffs.items()))
+    if p not in (1, 2) or int(a) < 1 or a != int(a):
+        raise Decline(f"a result size {e} that is no form a*L**p + b")
+    return encode(int(a), b, p)
+
+
+class _Node:
+    """What buckets.py's rules read of an FX node: its target and its symbolic result."""
+
+    def __init__(self, target, val):
+        self.target, self.meta = target, {"val": val}
+
+    def format_node(self):
+        return str(self.target)
+
+
+# -- the lowering ---------------------------------------------------------------------------------------------------
+def lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
+    """The table entry of a signature with a varying inner size (kernels.lower's): (entry, registration); EXACT when
+    declined. forms: (arg, elem, slot, code) per value of a tensor argument the key holds as a form of L."""
+    from . import kernels
+
+    try:
+        return _lower(name, values, runtime_slots, storages, device, sym, capacity, forms)
+    except kernels._Python:
+        return ("python",), None
+    except (Decline, buckets.Unsupported, padded_trace.NotTraceable) as e:
+        why = str(e)
+    except Exception as e:  # noqa: BLE001 — a defect of a padded rule: fail closed, the call runs at exact sizes
+        why = f"the padded lowering failed ({type(e).__name__}: {e})"
+    metrics.inc(f"eager_symbolic.declined.{kernels._cpp_name(name)}")
+    if os.environ.get("TORCHTPU_BUCKETS_DEBUG"):
+        from .errors import user_line
+
+        shapes = [(tuple(v.shape), tuple(v.stride())) for v in values if isinstance(v, torch.Tensor)]
+        print(f"torchtpu: eager symbolic: {name} runs at exact sizes: {why} (at {user_line()}; {shapes})",
+              file=sys.stderr)
+    return EXACT, None
+
+
+def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from . import kernels
+
+    call = kernels._Call(name, values, True, runtime_slots, storages, device)
+    kind, fname, _rule, out_names = call.info
+    target = None  # in place or out=: the argument written (its storage gets the result)
+    if kind == "inplace":
+        target = call.args[0]
+    elif kind == "out":
+        if len(out_names) != 1:
+            raise Decline("several out= arguments")
+        call.kwargs = dict(call.kwargs)
+        target = call.kwargs.pop(out_names[0])
+    if target is not None and not isinstance(target, torch.Tensor):
+        raise Decline(f"the {kind} form of a list")
+    by_path = {}
+    int_forms = {}  # (arg, elem) -> the form code of an int argument (a factory's size: arange(L))
+    for arg, elem, slot, code in forms:
+        if slot < 0:
+            int_forms[(arg, elem)] = code
+        else:
+            by_path.setdefault((arg, elem), {})[slot] = code
+    func = _FUNCTIONAL.get(fname) or kernels.overload(fname)  # in place, out=: the functional form, written back
+
+    env = ShapeEnv()
+    s0 = env.create_symbol(sym, ConstantSource("tpu_varying_size"))
+
+    def symint(expr):
+        if isinstance(expr, int):
+            return expr
+        return env.create_symintnode(expr, hint=int(expr.subs(s0, sym)))
+
+    def layout(t):
+        """(sizes, strides, offset) of a tensor argument as sympy expressions / ints, or None (static)."""
+        slots = by_path.get(call.path_of.get(id(t), (None, None)))
+        if slots is None:
+            return None
+        nd = t.dim()
+        vals = list(t.shape) + list(t.stride()) + [t.storage_offset()]
+        ex = [_expr(slots.get(k, v), s0) for k, v in enumerate(vals)]
+        return ex[:nd], ex[nd:2 * nd], ex[2 * nd]
+
+    def plain(a):
+        return a.value if isinstance(a, kernels.RuntimeScalar) else a
+
+    call.seen.update(tuple(p) for p in runtime_slots)  # any scalar the padded code reads is keyed by value
+    mode = FakeTensorMode(shape_env=env)
+
+    def to_fake(a):
+        if isinstance(a, torch.Tensor):
+            lay = layout(a)
+            with mode:
+                if lay is None:
+                    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
+                return torch.empty_strided([symint(e) for e in lay[0]], [symint(e) for e in lay[1]], dtype=a.dtype)
+        return plain(a)
+
+    where = _arg_places(call)
+
+    def with_ints(args, kwargs, make):
+        """args and kwargs with each int argument taken as a form of L replaced by make(expression)."""
+        args, kwargs = list(args), dict(kwargs)
+        for (a, e), code in int_forms.items():
+            container, k = where[a]
+            box = args if container == "args" else kwargs
+            if e < 0:
+                box[k] = make(_expr(code, s0))
+            else:
+                lst = list(box[k])
+                lst[e] = make(_expr(code, s0))
+                box[k] = lst
+        return args, kwargs
+
+    fargs = [[to_fake(x) for x in a] if isinstance(a, (list, tuple)) else to_fake(a) for a in call.args]
+    fkwargs = {k: to_fake(a) for k, a in call.kwargs.items()}
+    fargs, fkwargs = with_ints(fargs, fkwargs, symint)
+    with mode:
+        fout = func(*fargs, **fkwargs)
+    if env.guards:
+        raise Decline(f"its shapes depend on the value of the size ({env.guards[0].expr})")
+    outs = [fout] if isinstance(fout, torch.Tensor) else list(fout) if isinstance(fout, tuple) else None
+    if outs is None or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise Decline("results other than tensors")
+    codes = [[_code_of(s.node.expr if isinstance(s, torch.SymInt) else s, s0) for s in o.shape] for o in outs]
+
+    gm = None if _has_handler(func) else _decomposed(mode, func, fargs, fkwargs)
+    if env.guards:  # the decomposition branched on the size: its graph holds for this size only
+        raise Decline(f"its decomposition depends on the value of the size ({env.guards[0].expr})")
+    tr = call.trace()
+    with torch.no_grad(), padded_trace.Tracer(tr) as T:
+        lv = tr.fn.param((), torch.int64)
+        tr._scalars.append((lv, INT, (FROM_SYM, (0, -1), 0)))
+        sizes = T.tensor(E.reshape(lv, (1,)))
+        ctx = buckets._Ctx({s0: 0}, {s0: sym}, sizes)
+
+        def to_padded(a):
+            if not isinstance(a, torch.Tensor):
+                return plain(a)
+            lay = layout(a)
+            if lay is None:
+                return buckets._plain(T.tensor(tr.read_value(a)))
+            flat = tr._storage_value(a)
+            if flat is None:
+                flat = E.const(tr.fn, 0, a.dtype, (a.untyped_storage().nbytes() // a.element_size(),))
+            flat = E.reshape(flat, (flat.numel,))
+            if flat.dtype != a.dtype:
+                raise Decline("a storage read as another dtype")
+            n_checks = len(tr.checks)
+            pt = _read_padded(ctx, T.tensor(flat), *lay)
+            del tr.checks[n_checks:]  # its gather's indices are in range by construction (the padding's are 0)
+            return pt
+
+        pargs = [[to_padded(x) for x in a] if isinstance(a, (list, tuple)) else to_padded(a) for a in call.args]
+        pkwargs = {k: to_padded(a) for k, a in call.kwargs.items()}
+        pargs, pkwargs = with_ints(pargs, pkwargs, ctx.size)
+        if gm is None:
+            res = buckets._call(_Node(func, fout), pargs, pkwargs, ctx)
+        else:  # the Core ATen decomposition (as compiled graphs have it), interpreted op by op
+            from torch.utils import _pytree
+
+            res = buckets.run(gm, _pytree.tree_flatten((pargs, pkwargs))[0], ctx)
+        res = [res] if not isinstance(res, (list, tuple)) else list(res)
+        written = None
+        if target is not None:
+            lay = layout(target)
+            if lay is None or len(res) != 1 or not isinstance(res[0], buckets.PT):
+                raise Decline(f"the {kind} form into a tensor without the varying size")
+            if res[0].t.dtype != target.dtype:
+                res[0] = buckets.PT(res[0].t.to(target.dtype), res[0].dims)
+            flat = tr._storage_value(target)
+            if flat is None:
+                flat = E.const(tr.fn, 0, target.dtype, (target.untyped_storage().nbytes() // target.element_size(),))
+            flat = E.reshape(flat, (flat.numel,))
+            n_checks = len(tr.checks)
+            if _whole(target, by_path.get(call.path_of.get(id(target))), capacity):
+                new = buckets.compact_output(ctx, res[0])
+                if new.numel() != flat.numel:
+                    raise Decline("a compact result of another size than its storage")
+            else:  # through a view: the valid positions scattered into the storage's value
+                new = _write_padded(ctx, T.tensor(flat), *lay, res[0])
+            del tr.checks[n_checks:]  # in-range indices by construction
+            written = T.value(new)
+            res = []
+        results = []
+        for r, o, c in zip(res, outs, codes):
+            if not isinstance(r, buckets.PT):
+                raise Decline("a result the interpreter gave as no tensor")
+            if all(x >= 0 for x in c):  # no size follows L: the exact result
+                results.append((T.value(r.t), c, None))
+            else:
+                n_checks = len(tr.checks)
+                results.append((T.value(buckets.compact_output(ctx, r)), c, o))
+                del tr.checks[n_checks:]  # clamped indices
+    if any(src[0] == FROM_RNG for _, _, src in tr._scalars):
+        raise Decline("random numbers")
+    outputs = []
+    if target is not None:
+        key = tr._storages(target)[0]
+        tr._cur[key] = tr.writes[key] = written  # the storage's whole (flat) value
+        tr._write_tensor[key] = target
+        a, e = call.path_of[id(target)]
+        outputs.append((kernels.ARG, a, e, [], [], torch.float32))
+    for j, (v, c, o) in enumerate(results):
+        if o is None:
+            meta = torch.empty(c, dtype=v.dtype, device="meta")
+            outputs.append((kernels.NEW, 0, -1, list(c), list(meta.stride()), v.dtype))
+        else:
+            meta = torch.empty((v.numel,), dtype=v.dtype, device="meta")
+            outputs.append((kernels.NEW, 0, -1, [v.numel], [1], v.dtype, -1, -1, c))
+        slot = OutputSlot(j, meta)
+        tr.write(slot, v if o is not None else E.reshape(v, tuple(c)))
+    fid = tr.fragment(f"{kernels.label(name, *kernels.map_args(kernels.plain, call.args, call.kwargs))} "
+                      f"(a varying size, bucket {capacity})")
+    registration = getattr(tr, "registration", None) if fid >= 0 else None
+    scalar_params = [(src[0], src[1][0], src[1][1], src[2]) for _, _, src in tr._scalars]
+    res_targets = []
+    for k in tr.writes:
+        if isinstance(k, tuple) and k[0] == "out":
+            res_targets.append((-1, k[1], -1, -1))
+        elif target is not None and k == tr._storages(target)[0]:
+            res_targets.append((k, -1, -1, -1))
+        else:
+            raise Decline("it writes an argument")
+    returns = kernels.SINGLE if isinstance(fout, torch.Tensor) else kernels.TUPLE
+    metrics.inc("eager_symbolic.lowered")
+    return ("program", fid, list(tr._params), scalar_params, res_targets, outputs, returns, sorted(call.seen),
+            bool(tr.checks), []), registration
+
+
+_FUNCTIONAL = {"copy_": torch.ops.aten.copy.default}  # in-place ops whose rule is their own
+
+
+def _has_handler(func) -> bool:
+    return (func in buckets._HANDLERS or func.overloadpacket in buckets._HANDLERS
+            or torch.Tag.pointwise in func.tags)
+
+
+def _decomposed(mode, func, fargs, fkwargs):
+    """func's Core ATen decomposition traced into an FX graph at the symbolic sizes (for buckets.py's interpreter;
+    its placeholders are the call's arguments, flattened)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree
+
+    table = torch._decomp.core_aten_decompositions()
+    if func not in table:
+        raise Decline(f"{func} has no bucketed rule and no decomposition")
+    flat, spec = _pytree.tree_flatten((fargs, fkwargs))
+
+    def fn(*leaves):
+        a, k = _pytree.tree_unflatten(list(leaves), spec)
+        return func(*a, **k)
+
+    with mode:
+        return make_fx(fn, decomposition_table=table)(*flat)
+
+
+def _arg_places(call):
+    """Schema argument index -> ("args", position) or ("kwargs", name) in the call (kernels._Call's split)."""
+    out, pos = {}, 0
+    for i, a in enumerate(call.op._schema.arguments):
+        if a.kwarg_only:
+            out[i] = ("kwargs", a.name)
+        else:
+            out[i] = ("args", pos)
+            pos += 1
+    return out
+
+
+def _whole(t, codes, capacity):
+    """Whether t is the compact tensor of its storage (contiguous from its start, as large as the storage at the
+    capacity; codes: its values the key holds as forms, by slot): a result written compact replaces the storage's
+    value."""
+    if codes is None or t.storage_offset() != 0 or not t.is_contiguous():
+        return False
+    numel = 1
+    for d, n in enumerate(t.shape):
+        f = decode(codes.get(d, n))
+        numel *= n if f is None else f[0] * capacity ** f[2] + f[1]
+    return numel * t.element_size() == t.untyped_storage().nbytes()
+
+
+def _positions(ctx, sizes, strides, offset):
+    """Per position of the padded layout of a view with those (symbolic) sizes, strides and offset: its index in
+    the flat storage (0 in the padding) and whether it is valid (None: all are)."""
+    szs = [ctx.size(e) for e in sizes]
+    padded = [z.padded if isinstance(z, buckets.Sz) else z for z in szs]
+
+    def rt(e):
+        return e if isinstance(e, int) else ctx._eval(e)
+
+    idx = rt(offset)
+    mask = None
+    for d, (z, st) in enumerate(zip(szs, strides)):
+        shape = [1] * len(padded)
+        shape[d] = padded[d]
+        io = ctx.iota(padded[d]).view(shape)
+        idx = idx + io * rt(st)
+        if isinstance(z, buckets.Sz):
+            m = io < z.rt
+            mask = m if mask is None else mask & m
+    idx = idx.expand(padded) if isinstance(idx, torch.Tensor) else ctx.iota(1).expand(padded) * 0 + idx
+    if mask is not None:
+        idx = torch.where(mask, idx, 0)
+    return szs, padded, idx, mask
+
+
+def _write_padded(ctx, flat, sizes, strides, offset, value):
+    """The flat storage with the valid values of padded tensor `value` written through the view (sizes, strides,
+    offset); the padding's writes go to one extra position, dropped after."""
+    szs, padded, idx, mask = _positions(ctx, sizes, strides, offset)
+    if tuple(value.t.shape) != tuple(padded) or any(len(f) != 1 or (f[0][1] is None) != (not isinstance(z, buckets.Sz))
+                                                   for f, z in zip(value.dims, szs)):
+        raise Decline("a written value laid out otherwise than its view")
+    n = flat.numel()
+    if mask is not None:
+        idx = torch.where(mask, idx, n)
+    ext = torch.cat([flat, torch.zeros(1, dtype=flat.dtype, device=flat.device)])
+    return ext.index_put((idx.reshape(-1),), value.t.reshape(-1))[:n]
+
+
+def _read_padded(ctx, flat, sizes, strides, offset):
+    """The tensor of those (symbolic) sizes, strides and offset over a compact flat storage, in the padded layout
+    of the interpreter (each dim of size n at its bucket's P: the valid values first, the padding zero)."""
+    szs, padded, idx, mask = _positions(ctx, sizes, strides, offset)
+    vals = flat[idx.reshape(-1)].view(padded)
+    if mask is not None:
+        vals = torch.where(mask, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
+    return buckets.PT(vals, [((z.padded, z),) if isinstance(z, buckets.Sz) else ((z, None),) for z in szs])
