@@ -194,8 +194,8 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
     fargs = [[to_fake(x) for x in a] if isinstance(a, (list, tuple)) else to_fake(a) for a in call.args]
     fkwargs = {k: to_fake(a) for k, a in call.kwargs.items()}
     fargs, fkwargs = with_ints(fargs, fkwargs, symint)
-    with mode:
-        fout = func(*fargs, **fkwargs)
+    with mode, _quiet_fake_tensors():
+        fout = func(*fargs, **fkwargs)  # (a meta function that rejects the call declines it, below)
     if env.guards:
         raise Decline(f"its shapes depend on the value of the size ({env.guards[0].expr})")
     outs = [fout] if isinstance(fout, torch.Tensor) else list(fout) if isinstance(fout, tuple) else None
@@ -310,6 +310,20 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
 _FUNCTIONAL = {"copy_": torch.ops.aten.copy.default}  # in-place ops whose rule is their own
 
 
+class _quiet_fake_tensors:
+    """torch logs a meta function's error under fake tensors at error level; here it only means a decline."""
+
+    def __enter__(self):
+        import logging
+
+        self.log = logging.getLogger("torch._subclasses.fake_tensor")
+        self.level = self.log.level
+        self.log.setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc):
+        self.log.setLevel(self.level)
+
+
 def _has_handler(func) -> bool:
     return (func in buckets._HANDLERS or func.overloadpacket in buckets._HANDLERS
             or torch.Tag.pointwise in func.tags)
@@ -330,7 +344,7 @@ def _decomposed(mode, func, fargs, fkwargs):
         a, k = _pytree.tree_unflatten(list(leaves), spec)
         return func(*a, **k)
 
-    with mode:
+    with mode, _quiet_fake_tensors():
         return make_fx(fn, decomposition_table=table)(*flat)
 
 
