@@ -390,6 +390,13 @@ void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path 
         for (size_t d = 0; d < cstrides.size(); ++d) {
           if (ok[d] && cstrides[d] < 0 && sym_value(cstrides[d], s.sym) == v) return cstrides[d];
         }
+        // a static size times L, then times L^2 (96L of a (2L, 96) storage's view, not 4L^2 at L = 24)
+        for (int p = 1; p <= 2; ++p) {
+          const int64_t lp = p == 1 ? s.sym : s.sym * s.sym;
+          for (int64_t c : h->sym_shape) {
+            if (c > 1 && v == c * lp) return sym_code(c, 0, p);
+          }
+        }
         return sym_classify(v, s.sym);
       };
       auto put_value = [&](int64_t v, int32_t slot, int64_t known) {
