@@ -219,16 +219,11 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
             lay = layout(a)
             if lay is None:
                 return buckets._plain(T.tensor(tr.read_value(a)))
-            flat = tr._storage_value(a)
-            if flat is None:
-                flat = E.const(tr.fn, 0, a.dtype, (a.untyped_storage().nbytes() // a.element_size(),))
-            flat = E.reshape(flat, (flat.numel,))
+            flat = _flat_value(tr, a)
             if flat.dtype != a.dtype:
                 raise Decline("a storage read as another dtype")
-            n_checks = len(tr.checks)
-            pt = _read_padded(ctx, T.tensor(flat), *lay)
-            del tr.checks[n_checks:]  # its gather's indices are in range by construction (the padding's are 0)
-            return pt
+            with _in_range(tr):  # its gather's indices are in range by construction (the padding's are 0)
+                return _read_padded(ctx, T.tensor(flat), *lay)
 
         pargs = [[to_padded(x) for x in a] if isinstance(a, (list, tuple)) else to_padded(a) for a in call.args]
         pkwargs = {k: to_padded(a) for k, a in call.kwargs.items()}
@@ -247,18 +242,14 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
                 raise Decline(f"the {kind} form into a tensor without the varying size")
             if res[0].t.dtype != target.dtype:
                 res[0] = buckets.PT(res[0].t.to(target.dtype), res[0].dims)
-            flat = tr._storage_value(target)
-            if flat is None:
-                flat = E.const(tr.fn, 0, target.dtype, (target.untyped_storage().nbytes() // target.element_size(),))
-            flat = E.reshape(flat, (flat.numel,))
-            n_checks = len(tr.checks)
-            if _whole(target, by_path.get(call.path_of.get(id(target))), capacity):
-                new = buckets.compact_output(ctx, res[0])
-                if new.numel() != flat.numel:
-                    raise Decline("a compact result of another size than its storage")
-            else:  # through a view: the valid positions scattered into the storage's value
-                new = _write_padded(ctx, T.tensor(flat), *lay, res[0])
-            del tr.checks[n_checks:]  # in-range indices by construction
+            flat = _flat_value(tr, target)
+            with _in_range(tr):
+                if _whole(target, by_path.get(call.path_of.get(id(target))), capacity):
+                    new = buckets.compact_output(ctx, res[0])
+                    if new.numel() != flat.numel:
+                        raise Decline("a compact result of another size than its storage")
+                else:  # through a view: the valid positions scattered into the storage's value
+                    new = _write_padded(ctx, T.tensor(flat), *lay, res[0])
             written = T.value(new)
             res = []
         results = []
@@ -268,9 +259,8 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
             if all(x >= 0 for x in c):  # no size follows L: the exact result
                 results.append((T.value(r.t), c, None))
             else:
-                n_checks = len(tr.checks)
-                results.append((T.value(buckets.compact_output(ctx, r)), c, o))
-                del tr.checks[n_checks:]  # clamped indices
+                with _in_range(tr):  # clamped indices
+                    results.append((T.value(buckets.compact_output(ctx, r)), c, o))
     if any(src[0] == FROM_RNG for _, _, src in tr._scalars):
         raise Decline("random numbers")
     outputs = []
@@ -308,6 +298,28 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
 
 
 _FUNCTIONAL = {"copy_": torch.ops.aten.copy.default}  # in-place ops whose rule is their own
+
+
+def _flat_value(tr, t):
+    """The flat Value of t's storage in Trace tr (zeros when it holds none)."""
+    flat = tr._storage_value(t)
+    if flat is None:
+        flat = E.const(tr.fn, 0, t.dtype, (t.untyped_storage().nbytes() // t.element_size(),))
+    return E.reshape(flat, (flat.numel,))
+
+
+class _in_range:
+    """Drops the device-side index checks of the ops inside: our own gathers and scatters, whose indices are in
+    range by construction (clamped, or 0 in the padding)."""
+
+    def __init__(self, tr):
+        self.tr = tr
+
+    def __enter__(self):
+        self.n = len(self.tr.checks)
+
+    def __exit__(self, *exc):
+        del self.tr.checks[self.n:]
 
 
 class _quiet_fake_tensors:
