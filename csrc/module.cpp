@@ -158,6 +158,7 @@ void register_executor(py::module& m) {
     torchtpu::set_rows(tensor_of(t), rows, row_bytes);
   });
   m.def("_rows_of", [](py::handle t) { return torchtpu::rows_of(tensor_of(t)); });
+  m.def("_sym_of", [](py::handle t) { return torchtpu::sym_of(tensor_of(t)); });
   m.def("_storage_value_type", [](py::handle t) -> py::object {
     std::vector<int64_t> shape;
     at::ScalarType dtype;

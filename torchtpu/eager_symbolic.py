@@ -108,10 +108,39 @@ def lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
     if os.environ.get("TORCHTPU_BUCKETS_DEBUG"):
         from .errors import user_line
 
-        shapes = [(tuple(v.shape), tuple(v.stride())) for v in values if isinstance(v, torch.Tensor)]
-        print(f"torchtpu: eager symbolic: {name} runs at exact sizes: {why} (at {user_line()}; {shapes})",
-              file=sys.stderr)
+        print(f"torchtpu: eager symbolic: {name} runs at exact sizes: {why} (at {user_line()}; "
+              f"{_describe(values, forms)})", file=sys.stderr)
     return EXACT, None
+
+
+def _describe(values, forms):
+    """Each tensor argument's sizes, strides and offset as keyed (forms of L) and its storage's shape codes."""
+    import sympy
+
+    from . import _C
+
+    L = sympy.Symbol("L")
+    keyed = {}
+    for arg, elem, slot, code in forms:
+        if slot >= 0:
+            keyed.setdefault((arg, elem), {})[slot] = code
+
+    def one(v, path):
+        slots = keyed.get(path, {})
+        vals = list(v.shape) + list(v.stride()) + [v.storage_offset()]
+        ex = [str(_expr(slots.get(k, x), L)).replace(" ", "") for k, x in enumerate(vals)]
+        nd = v.dim()
+        sym, _cap, codes = _C._sym_of(v) if v.device.type == "tpu" else (-1, 0, [])
+        store = f" of [{', '.join(str(_expr(c, L)).replace(' ', '') for c in codes)}]" if sym >= 0 else ""
+        return f"({', '.join(ex[:nd])}) strides ({', '.join(ex[nd:2 * nd])}) +{ex[-1]}{store}"
+
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            out.append(one(v, (i, -1)))
+        elif isinstance(v, (list, tuple)):
+            out += [one(x, (i, j)) for j, x in enumerate(v) if isinstance(x, torch.Tensor)]
+    return "; ".join(out)
 
 
 def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,9 @@ void set_eager_buckets(bool on, std::vector<int64_t> row_buckets);
 bool set_exact_uploads(bool on);
 void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes);
 std::pair<int64_t, int64_t> rows_of(const at::Tensor& t);
+// (L, L's bucket, shape codes) of t's storage when it holds a compact tensor whose sizes follow a varying inner size
+// L (executor/sym.h); L = -1 otherwise.
+std::tuple<int64_t, int64_t, std::vector<int64_t>> sym_of(const at::Tensor& t);
 // empty_like's result for a tensor whose dim 0 walks bucketed rows: the same rows in a storage of the capacity
 // (zeros_like / ones_like / full_like of a routed tensor stay bucketed); otherwise `out` as it is.
 at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out);

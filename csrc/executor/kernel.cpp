@@ -21,6 +21,7 @@
 #include "core/storage.h"
 #include "executor/entry.h"
 #include "executor/executor.h"
+#include "executor/sym.h"
 #include "graph/fragment.h"
 #include "graph/graph.h"
 #include "runtime/runtime.h"
@@ -178,53 +179,29 @@ RecentRows& recent_rows() {
 }
 
 // -- a varying inner size: values as forms a * L^p + b ----------------------------------------------------------
-// A form's key value: negative (no size, stride or offset is; rows codes have bit 62 clear, these set).
-int64_t sym_code(int64_t a, int64_t b, int64_t p) {
-  return ~((int64_t{1} << 62) | (p << 56) | ((b + 128) << 48) | a);
-}
-
-int64_t sym_value(int64_t code, int64_t L) {
-  if (code >= 0) return code;
-  const int64_t c = ~code;
-  const int64_t p = (c >> 56) & 0x3f, b = ((c >> 48) & 0xff) - 128, a = c & ((int64_t{1} << 48) - 1);
-  return a * (p == 2 ? L * L : L) + b;
-}
-
-// The contiguous strides of a storage's shape codes, as codes (a stride that is no form a * L^p: -1 in `ok`).
-c10::SmallVector<int64_t, 6> sym_strides(const c10::SmallVector<int64_t, 4>& shape, c10::SmallVector<bool, 6>* ok) {
-  c10::SmallVector<int64_t, 6> out(shape.size());
-  ok->assign(shape.size(), true);
-  int64_t a = 1, p = 0;
-  bool form = true;
-  for (size_t d = shape.size(); d-- > 0;) {
-    out[d] = p == 0 ? a : sym_code(a, 0, p);
-    (*ok)[d] = form && p <= 2 && a < (int64_t{1} << 40);
-    const int64_t c = shape[d];
-    if (c >= 0) {
-      a *= std::max<int64_t>(c, 1);
-    } else {
-      const int64_t x = ~c;
-      if (((x >> 48) & 0xff) != 128) form = false;  // (a L + b) with b != 0: products are no forms
-      a *= x & ((int64_t{1} << 48) - 1);
-      p += (x >> 56) & 0x3f;
-    }
-  }
-  return out;
-}
-
-// Which form of L a value of a view is taken for (0: a static value). Any answer is right: a later call matches the
-// key only when its own values are the same forms of its own L, and the op was lowered for every L of the bucket
-// under these forms. A wrong guess (a hidden size equal to 2L) costs an entry and a lowering at exact sizes, not a
-// wrong value. A tensor that is its storage's compact tensor is keyed by the storage's own codes instead.
-int64_t sym_classify(int64_t v, int64_t L) {
-  if (v < L - 1) return 0;
-  if (v >= L * L && v % (L * L) == 0) return sym_code(v / (L * L), 0, 2);
-  const int64_t a = (v + L / 2) / L, b = v - a * L;
-  if (a >= 1 && b >= -1 && b <= 1 && a < (int64_t{1} << 40)) return sym_code(a, b, 1);
-  return 0;
-}
-
 constexpr int64_t kSymMinCapacity = 16;  // shorter varying sizes are keyed exactly (few sizes, easy misreadings)
+
+// A contiguous tensor whose sizes are these codes at L, compact in a storage of their sizes at L's bucket `cap`,
+// marked with L (an empty one is not: nothing of it is read).
+at::Tensor sym_tensor(c10::ArrayRef<int64_t> codes, int64_t L, int64_t cap, at::ScalarType dtype) {
+  c10::SmallVector<int64_t, 6> sizes;
+  int64_t numel = 1, cap_numel = 1;
+  for (int64_t code : codes) {
+    sizes.push_back(sym_value(code, L));
+    numel *= sizes.back();
+    cap_numel *= sym_value(code, cap);
+  }
+  at::Tensor t = at::detail::empty_strided_generic({cap_numel}, {1}, tpu_allocator(), kTpuKeys, dtype);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  StorageHandle* h = handle_of(t.storage());
+  if (h != nullptr && numel > 0) {
+    h->sym = L;
+    h->sym_cap = cap;
+    h->sym_shape.assign(codes.begin(), codes.end());
+  }
+  return t;
+}
 
 template <typename T>
 void put(std::string& key, T v) {
@@ -375,10 +352,15 @@ void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path 
                   (sizes[i] == 1 || sym_value(cstrides[i], s.sym) == strides[i]);
         }
       }
-      // known: 0 guesses, 1 keeps the value static, a negative code is taken as it is. A view's value is first
-      // looked up among the storage's own sizes and strides (a static size stays static: 96 is not 4L at L = 24),
-      // then taken for a form of L (sym_classify)
-      if (!whole) cstrides = sym_strides(h->sym_shape, &ok);
+      // known: 0 guesses, 1 keeps the value static, a negative code is taken as it is. A view's values are first
+      // read by the storage dims they walk (view_forms: 32 = 4 * 8 of a (2, L, 4, 8) storage is static at L = 32),
+      // then looked up among the storage's own sizes and strides (a static size stays static: 96 is not 4L at
+      // L = 24), then taken for a form of L (sym_classify)
+      c10::SmallVector<int64_t, 13> vf;
+      if (!whole) {
+        cstrides = sym_strides(h->sym_shape, &ok);
+        vf = view_forms(h->sym_shape, s.sym, sizes, strides, t.storage_offset());
+      }
       auto guess = [&](int64_t v) -> int64_t {
         if (v < s.sym - 1) return 0;
         for (int64_t c : h->sym_shape) {
@@ -405,10 +387,10 @@ void put_tensor(Sig& s, const at::Tensor& t, bool written = false, ArgPath path 
         put<int64_t>(s.key, code < 0 ? code : v);
       };
       for (int32_t i = 0; i < nd; ++i) {
-        put_value(sizes[i], i, whole ? (h->sym_shape[i] < 0 ? h->sym_shape[i] : 1) : 0);
-        put_value(strides[i], nd + i, whole ? (ok[i] && cstrides[i] < 0 ? cstrides[i] : 1) : 0);
+        put_value(sizes[i], i, whole ? (h->sym_shape[i] < 0 ? h->sym_shape[i] : 1) : vf[i]);
+        put_value(strides[i], nd + i, whole ? (ok[i] && cstrides[i] < 0 ? cstrides[i] : 1) : vf[nd + i]);
       }
-      put_value(t.storage_offset(), 2 * nd, 0);
+      put_value(t.storage_offset(), 2 * nd, whole ? 1 : vf[2 * nd]);
       int32_t k = -1;
       for (size_t i = 0; i < s.storages.size() && k < 0; ++i) {
         if (s.storages[i] == st) k = static_cast<int32_t>(i);
@@ -800,29 +782,7 @@ void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const Sig
 // storage (the caller holds exec_mutex()).
 at::Tensor new_output(const OutputSpec& o, c10::DeviceIndex device, const Sig& sig) {
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
-  if (!o.sym_sizes.empty()) {  // compact at L in a storage of its sizes at the capacity
-    c10::SmallVector<int64_t, 6> sizes, strides(o.sym_sizes.size());
-    int64_t numel = 1, cap_numel = 1;
-    for (int64_t code : o.sym_sizes) {
-      sizes.push_back(sym_value(code, sig.sym));
-      numel *= sizes.back();
-      cap_numel *= sym_value(code, sig.sym_cap);
-    }
-    int64_t acc = 1;
-    for (size_t d = sizes.size(); d-- > 0;) {
-      strides[d] = acc;
-      acc *= std::max<int64_t>(sizes[d], 1);
-    }
-    at::Tensor t = at::detail::empty_strided_generic({cap_numel}, {1}, tpu_allocator(), kTpuKeys, o.dtype);
-    t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
-    StorageHandle* h = handle_of(t.storage());
-    if (h != nullptr && numel > 0) {
-      h->sym = sig.sym;
-      h->sym_cap = sig.sym_cap;
-      h->sym_shape.assign(o.sym_sizes.begin(), o.sym_sizes.end());
-    }
-    return t;
-  }
+  if (!o.sym_sizes.empty()) return sym_tensor(o.sym_sizes, sig.sym, sig.sym_cap, o.dtype);
   at::Tensor t = at::detail::empty_strided_generic(o.sizes, o.strides, tpu_allocator(), kTpuKeys, o.dtype);
   if (o.rows_class >= 0) {
     const int64_t n = sig.rows.at(o.rows_class);
@@ -1219,7 +1179,8 @@ void set_rows(const at::Tensor& t, int64_t rows, int64_t row_bytes) {
   if (rows >= 0) recent_rows().note(rows, static_cast<int64_t>(t.storage().nbytes()) / row_bytes);
 }
 
-at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int64_t cap);
+at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int64_t cap,
+                     c10::ArrayRef<int64_t> known = {});
 
 at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
   if (!g_eager_buckets.load(std::memory_order_relaxed) || !self.device().is_privateuseone() ||
@@ -1231,26 +1192,19 @@ at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
   StorageHandle* hs = handle_of(st);
   if (hs != nullptr && hs->sym >= 0 && self.is_contiguous() && self.storage_offset() == 0 &&
       hs->sym_shape.size() == static_cast<size_t>(self.dim())) {  // the compact tensor of a varying size
-    int64_t cap_numel = 1;
     for (int64_t d = 0; d < self.dim(); ++d) {
       if (sym_value(hs->sym_shape[d], hs->sym) != self.size(d)) return out;
-      cap_numel *= sym_value(hs->sym_shape[d], hs->sym_cap);
     }
     const c10::DeviceGuard guard(out.device());
-    at::Tensor big = at::detail::empty_strided_generic({cap_numel}, {1}, tpu_allocator(), kTpuKeys, out.scalar_type());
-    big.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides());
-    StorageHandle* hb = handle_of(big.storage());
-    if (hb == nullptr) return out;
-    hb->sym = hs->sym;
-    hb->sym_cap = hs->sym_cap;
-    hb->sym_shape = hs->sym_shape;
-    return big;
+    return sym_tensor(hs->sym_shape, hs->sym, hs->sym_cap, out.scalar_type());
   }
-  if (hs != nullptr && hs->sym >= 0) {  // a view of it (q.transpose(1, 2).contiguous()): its sizes of L +- 1 follow L
+  if (hs != nullptr && hs->sym >= 0) {  // a view of it (q.transpose(1, 2).contiguous()): its sizes that follow L
     const int64_t L = hs->sym, cap = hs->sym_cap;
+    const auto known = view_forms(hs->sym_shape, L, self.sizes(), self.strides(), self.storage_offset());
     lk.unlock();
     const c10::DeviceGuard guard(out.device());
-    at::Tensor t = sym_alloc(out.sizes(), out.scalar_type(), L, cap);
+    at::Tensor t =
+        sym_alloc(out.sizes(), out.scalar_type(), L, cap, c10::ArrayRef<int64_t>(known).slice(0, self.dim()));
     return t.defined() ? t : out;
   }
   if (rows_dim(self, st) != 0) return out;
@@ -1258,7 +1212,8 @@ at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
   c10::SmallVector<int64_t, 6> sizes(out.sizes().begin(), out.sizes().end());
   sizes[0] = static_cast<int64_t>(st->nbytes()) / h->row_bytes;
   const c10::DeviceGuard guard(out.device());
-  at::Tensor big = at::detail::empty_strided_generic(sizes, out.strides(), tpu_allocator(), kTpuKeys, out.scalar_type());
+  at::Tensor big =
+      at::detail::empty_strided_generic(sizes, out.strides(), tpu_allocator(), kTpuKeys, out.scalar_type());
   big.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides());
   StorageHandle* hb = handle_of(big.storage());
   if (hb == nullptr) return out;
@@ -1267,29 +1222,20 @@ at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
   return big;
 }
 
-// A contiguous tensor of these sizes compact in a storage of its sizes at L's bucket `cap`, each size of L +- 1 taken
-// for a form of L; undefined when none is.
-at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int64_t cap) {
+// A contiguous tensor of these sizes compact in a storage of its sizes at L's bucket `cap`; known (view_forms's
+// answers per size, or none): a form code, 1 (static) or 0 (a size of L +- 1 is taken for a form of L). Undefined when
+// no size follows L.
+at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int64_t cap,
+                     c10::ArrayRef<int64_t> known) {
   c10::SmallVector<int64_t, 4> codes;
   bool any = false;
-  int64_t cap_numel = 1;
-  for (int64_t n : size) {
-    const bool follows = n >= L - 1 && n <= L + 1;
-    codes.push_back(follows ? sym_code(1, n - L, 1) : n);
-    cap_numel *= follows ? cap + (n - L) : n;
-    any = any || follows;
+  for (size_t d = 0; d < size.size(); ++d) {
+    const int64_t n = size[d], k = d < known.size() ? known[d] : 0;
+    codes.push_back(k < 0 ? k : k == 0 && n >= L - 1 && n <= L + 1 ? sym_code(1, n - L, 1) : n);
+    any = any || codes.back() < 0;
   }
-  if (!any || cap_numel == 0) return at::Tensor();
-  at::Tensor t = at::detail::empty_strided_generic({cap_numel}, {1}, tpu_allocator(), kTpuKeys, dtype);
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(size);
-  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
-  StorageHandle* h = handle_of(t.storage());
-  if (h != nullptr) {
-    h->sym = L;
-    h->sym_cap = cap;
-    h->sym_shape = std::move(codes);
-  }
-  return t;
+  if (!any) return at::Tensor();
+  return sym_tensor(codes, L, cap, dtype);
 }
 
 at::Tensor sym_empty(c10::IntArrayRef size, at::ScalarType dtype) {
@@ -1303,6 +1249,12 @@ std::pair<int64_t, int64_t> rows_of(const at::Tensor& t) {
   if (h == nullptr) return {-1, 0};
   std::lock_guard<std::recursive_mutex> lk(exec_mutex());
   return {h->rows, h->row_bytes};
+}
+std::tuple<int64_t, int64_t, std::vector<int64_t>> sym_of(const at::Tensor& t) {
+  StorageHandle* h = handle_of(t.storage());
+  if (h == nullptr) return {-1, 0, {}};
+  std::lock_guard<std::recursive_mutex> lk(exec_mutex());
+  return {h->sym, h->sym_cap, std::vector<int64_t>(h->sym_shape.begin(), h->sym_shape.end())};
 }
 Mode get_mode() { return static_cast<Mode>(g_mode.load()); }
 
