@@ -1052,19 +1052,17 @@ def _histc(node, args, kwargs, ctx):
     bins = args[1] if len(args) > 1 else kwargs.get("bins", 100)
     lo = args[2] if len(args) > 2 else kwargs.get("min", 0)
     hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
+    dt = x.t.dtype
+    if not dt.is_floating_point:  # integers are counted in float32 (the lowering's arithmetic, order.histc)
+        x = PT(x.t.to(torch.float32), x.dims)
     if x.any_tainted:
         if lo == hi:
             raise Unsupported("histc of padded values over their own range (min == max)")
-        if x.t.dtype.is_floating_point:
-            fill = math.inf
-        elif hi < torch.iinfo(x.t.dtype).max:
-            fill = torch.iinfo(x.t.dtype).max
-        else:
-            raise Unsupported("histc of padded integers up to their dtype's largest value")
-        xt = _fill(ctx, x, fill)
+        xt = _fill(ctx, x, math.inf)
     else:
         xt = x.t
-    return _plain(torch.histc(xt, bins, lo, hi))
+    out = torch.histc(xt, bins, lo, hi)
+    return _plain(out.to(dt) if out.dtype != dt else out)
 
 
 @_handles(aten._grouped_mm.default)
@@ -1320,7 +1318,8 @@ def _scatter(node, args, kwargs, ctx):
     return PT(node.target(xt, dim, it, *rest, **kwargs).narrow(dim, 0, n0), x.dims)
 
 
-@_handles(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default)
+@_handles(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default,
+          aten._index_put_impl.default, aten._index_put_impl_.default)
 def _index_put(node, args, kwargs, ctx):
     x, indices, values = args[0], args[1], args[2]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)

@@ -79,6 +79,9 @@ class Tracer(TorchDispatchMode):
             x = args[0]  # (reshape may or may not alias: here it copies, as the traced code never writes)
             shape = tuple(func(*args, **kwargs).shape)  # on the meta tensors
             return self.tensor(E.reshape(self.value(x), shape))
+        if name.startswith("to.") and args[0].device.type == "meta":  # x.to(dtype): a view only when it changes nothing
+            dtype = func(*args, **kwargs).dtype
+            return args[0] if dtype == args[0].dtype else self.tensor(E.convert(self.value(args[0]), dtype))
         if func.is_view:
             return func(*args, **kwargs)  # meta tensors only: the result shares its input's storage
         if name == "_to_copy" and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "meta" \
@@ -132,7 +135,7 @@ class Tracer(TorchDispatchMode):
 
     def _rule(self, func, rule, args, kwargs):
         metas = torch.utils._pytree.tree_map(_as_meta, (args, kwargs))
-        out = func(*metas[0], **metas[1])  # the meta function: shapes and dtypes (checks the call, as on cpu)
+        out = meta_call(func, metas[0], metas[1])  # the meta function: shapes and dtypes (checks the call, as on cpu)
 
         def val(a):
             return self.value(a) if isinstance(a, torch.Tensor) else a
@@ -165,6 +168,29 @@ def _decomposition(func):
     if decomp is None:
         decomp = torch._decomp.decomposition_table.get(func)
     return decomp
+
+
+def meta_call(func, args, kwargs):
+    """func on meta or fake tensors, where torch's meta function is narrower than our rules: _grouped_mm's accepts
+    BF16 only (its CUDA kernel's), ours any float type, to the same shapes (the result's type from the arguments or
+    out_dtype); histc's floats only; constant_pad_nd's takes a symbolic size for its value (its reference does not)."""
+    if func is torch.ops.aten._grouped_mm.default:
+        dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
+        if dtypes and dtypes != {torch.bfloat16}:
+            cast = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+            out_dtype = cast[4] if len(cast) > 4 else kwargs.get("out_dtype")
+            if len(cast) > 4:
+                cast[4] = None
+            out = func(*cast, **{k: v for k, v in kwargs.items() if k != "out_dtype"})
+            return out.to(out_dtype or args[0].dtype)
+    if func is torch.ops.aten.constant_pad_nd.default:  # torch's meta function specializes a symbolic size
+        from torch import _refs
+
+        return _refs.constant_pad_nd(*args, **kwargs)
+    if func is torch.ops.aten.histc.default and isinstance(args[0], torch.Tensor) \
+            and not args[0].is_floating_point():  # torch's histc takes floats; ours counts integers in float32 too
+        return func(args[0].to(torch.float32), *args[1:], **kwargs).to(args[0].dtype)
+    return func(*args, **kwargs)
 
 
 def _as_meta(a):

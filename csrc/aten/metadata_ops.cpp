@@ -5,6 +5,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/_to_copy_native.h>
+#include <ATen/ops/clone_native.h>
 #include <ATen/ops/alias_native.h>
 #include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -63,6 +65,36 @@ at::Tensor empty_like(const at::Tensor& self, std::optional<at::ScalarType> dtyp
                       std::optional<at::Device> device, std::optional<bool> pin_memory,
                       std::optional<at::MemoryFormat> memory_format) {
   return bucketed_like(self, at::native::empty_like(self, dtype, layout, device, pin_memory, memory_format));
+}
+
+// x.float() and x.clone() of a tensor whose sizes follow a varying inner size L: the copy follows L too (a storage
+// of L's bucket from empty_like). torch's _to_copy and clone take empty_strided, which knows no source: the copy was
+// exact, and every op after it ran at exact sizes (a program per length). Undefined when it does not apply.
+at::Tensor sym_copy(const at::Tensor& self, at::ScalarType dtype, std::optional<at::MemoryFormat> memory_format,
+                    bool non_blocking) {
+  if ((memory_format && *memory_format != at::MemoryFormat::Preserve) || self.is_conj() || self.is_neg() ||
+      !self.is_non_overlapping_and_dense() || std::get<0>(sym_of(self)) < 0) {
+    return at::Tensor();
+  }
+  at::Tensor r = at::empty_like(self, self.options().dtype(dtype), at::MemoryFormat::Preserve);
+  r.copy_(self, non_blocking);
+  return r;
+}
+
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                   std::optional<at::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<at::MemoryFormat> memory_format) {
+  if ((!device || (device->is_privateuseone() && (!device->has_index() || device->index() == self.device().index()))) &&
+      (!layout || *layout == at::kStrided)) {
+    at::Tensor r = sym_copy(self, dtype.value_or(self.scalar_type()), memory_format, non_blocking);
+    if (r.defined()) return r;
+  }
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
+}
+
+at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat> memory_format) {
+  at::Tensor r = sym_copy(self, self.scalar_type(), memory_format, false);
+  return r.defined() ? r : at::native::clone(self, memory_format);
 }
 
 void maybe_grow_storage(at::TensorImpl* self, size_t needed_bytes) {
@@ -172,6 +204,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", torchtpu::empty_memory_format);
   m.impl("empty_strided", torchtpu::empty_strided);
   m.impl("empty_like", torchtpu::empty_like);
+  m.impl("_to_copy", torchtpu::to_copy);
+  m.impl("clone", torchtpu::clone);
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);
   m.impl("view_as_real", at::native::view_as_real);

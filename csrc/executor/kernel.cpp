@@ -216,8 +216,8 @@ enum Tag : uint8_t {
 // A Scalar value: 0, 1, -1 and non-finite values are part of the key (rules fold them into constants); any
 // other value is a runtime parameter, keyed by its type only.
 bool put_sym_int(Sig& s, int64_t v, ArgPath path) {
-  if (!s.sym_ints || v < s.sym - 1 || v > s.sym + 1) return false;
-  const int64_t code = sym_code(1, v - s.sym, 1);
+  const int64_t code = s.sym_ints ? int_form(v, s.sym) : 0;
+  if (code == 0) return false;
   put<uint8_t>(s.key, kSymInt);
   put<int64_t>(s.key, code);
   put<int64_t>(s.key, s.sym_cap);  // the entry's results are laid out at the capacity
@@ -1223,15 +1223,16 @@ at::Tensor bucketed_like(const at::Tensor& self, at::Tensor out) {
 }
 
 // A contiguous tensor of these sizes compact in a storage of its sizes at L's bucket `cap`; known (view_forms's
-// answers per size, or none): a form code, 1 (static) or 0 (a size of L +- 1 is taken for a form of L). Undefined when
-// no size follows L.
+// answers per size, or none): a form code, 1 (static) or 0 (int_form: a size a * L + b is taken for that form).
+// Undefined when no size follows L.
 at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int64_t cap,
                      c10::ArrayRef<int64_t> known) {
   c10::SmallVector<int64_t, 4> codes;
   bool any = false;
   for (size_t d = 0; d < size.size(); ++d) {
     const int64_t n = size[d], k = d < known.size() ? known[d] : 0;
-    codes.push_back(k < 0 ? k : k == 0 && n >= L - 1 && n <= L + 1 ? sym_code(1, n - L, 1) : n);
+    const int64_t f = k == 0 ? int_form(n, L) : 0;
+    codes.push_back(k < 0 ? k : f < 0 ? f : n);
     any = any || codes.back() < 0;
   }
   if (!any) return at::Tensor();

@@ -63,6 +63,11 @@ int64_t sym_classify(int64_t v, int64_t L) {
   return 0;
 }
 
+int64_t int_form(int64_t v, int64_t L) {
+  if (L < 2 || v < L || v % L != 0 || v / L > 16) return 0;
+  return sym_code(v / L, 0, 1);
+}
+
 c10::SmallVector<int64_t, 13> view_forms(c10::ArrayRef<int64_t> shape, int64_t L, c10::IntArrayRef sizes,
                                          c10::IntArrayRef strides, int64_t offset) {
   const size_t nd = sizes.size(), sd = shape.size();
@@ -104,6 +109,12 @@ c10::SmallVector<int64_t, 13> view_forms(c10::ArrayRef<int64_t> shape, int64_t L
     return answer({coef[1] != 0 ? coef[1] : coef[2], coef[0], coef[1] != 0 ? 1 : 2});
   };
   for (size_t i = 0; i < nd; ++i) {
+    if (sizes[i] > 1 && strides[i] == 0) {  // broadcast (a mask's expand to L): a multiple of L, else static
+      const int64_t f = int_form(sizes[i], L);
+      out[i] = f < 0 ? f : 1;
+      out[nd + i] = 1;
+      continue;
+    }
     if (sizes[i] <= 1 || strides[i] <= 0) continue;
     out[nd + i] = coords_form(strides[i]);
     size_t d = 0;

@@ -17,6 +17,10 @@ int64_t sym_value(int64_t code, int64_t L);
 c10::SmallVector<int64_t, 6> sym_strides(c10::ArrayRef<int64_t> shape, c10::SmallVector<bool, 6>* ok);
 // Which form of L a value is taken for when nothing else tells (0: a static value).
 int64_t sym_classify(int64_t v, int64_t L);
+// The form of a factory's int argument (an arange's end, an empty's size) while L varies: a * L for a in 1..16
+// (arange(4 * L) for 4L routed pairs), else 0 (a static value). Not L +- 1: at L = 33 a hidden size 32 was taken for
+// L - 1 (new_zeros(4L, 32) in index's backward).
+int64_t int_form(int64_t v, int64_t L);
 // What a view (sizes, strides, offset) of a storage whose compact tensor has the shape codes `shape` at L tells of
 // each of its values (sizes, then strides, then the offset): a negative form code, 1 (a static value) or 0 (it
 // does not tell: the caller guesses). Each view dim is matched to the storage dim it walks by its stride: a size equal

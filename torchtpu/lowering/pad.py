@@ -48,3 +48,16 @@ for _mode in ("reflection", "replication"):
     for _nd in (1, 2, 3):
         lowering(f"{_mode}_pad{_nd}d")(_forward_rule(_mode, _nd))
         lowering(f"{_mode}_pad{_nd}d_backward")(_backward_rule(_mode, _nd))
+
+
+@lowering("constant_pad_nd")
+def constant_pad_nd(tr, x, pad, value=0):
+    """The last dims padded with `value` (F.pad's order: the last dim's (before, after) first); a negative amount
+    crops. One op instead of torch's empty + fill + copy into a slice: its result follows a varying length L (the
+    loss's labels padded to L + 1) where an empty of L + 1 could not say so."""
+    m = out_meta(tr)
+    low, high = [0] * x.rank, [0] * x.rank
+    for j in range(len(pad) // 2):
+        low[x.rank - 1 - j], high[x.rank - 1 - j] = pad[2 * j], pad[2 * j + 1]
+    v = E.convert(value, m.dtype) if isinstance(value, E.Value) else tr.scalar(value, m.dtype)
+    return E.pad(x, E.reshape(v, ()), low, high)
