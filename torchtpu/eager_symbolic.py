@@ -224,7 +224,7 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
     fkwargs = {k: to_fake(a) for k, a in call.kwargs.items()}
     fargs, fkwargs = with_ints(fargs, fkwargs, symint)
     with mode, _quiet_fake_tensors():
-        fout = padded_trace.meta_call(func, fargs, fkwargs)  # (a meta function that rejects the call declines it, below)
+        fout = padded_trace.meta_call(func, fargs, fkwargs)  # (a meta function that rejects it declines, below)
     if env.guards:
         raise Decline(f"its shapes depend on the value of the size ({env.guards[0].expr})")
     outs = [fout] if isinstance(fout, torch.Tensor) else list(fout) if isinstance(fout, tuple) else None
