@@ -113,6 +113,18 @@ def lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
     return EXACT, None
 
 
+def _split_forms(forms):
+    """The key's forms by argument: {(arg, elem): {slot: code}} of tensor values (sizes, strides, offset) and
+    {(arg, elem): code} of int arguments (a factory's size: arange(L))."""
+    by_path, int_forms = {}, {}
+    for arg, elem, slot, code in forms:
+        if slot < 0:
+            int_forms[(arg, elem)] = code
+        else:
+            by_path.setdefault((arg, elem), {})[slot] = code
+    return by_path, int_forms
+
+
 def _describe(values, forms):
     """Each tensor argument's sizes, strides and offset as keyed (forms of L) and its storage's shape codes."""
     import sympy
@@ -120,10 +132,7 @@ def _describe(values, forms):
     from . import _C
 
     L = sympy.Symbol("L")
-    keyed = {}
-    for arg, elem, slot, code in forms:
-        if slot >= 0:
-            keyed.setdefault((arg, elem), {})[slot] = code
+    keyed, _ = _split_forms(forms)
 
     def one(v, path):
         slots = keyed.get(path, {})
@@ -162,13 +171,7 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
         target = call.kwargs.pop(out_names[0])
     if target is not None and not isinstance(target, torch.Tensor):
         raise Decline(f"the {kind} form of a list")
-    by_path = {}
-    int_forms = {}  # (arg, elem) -> the form code of an int argument (a factory's size: arange(L))
-    for arg, elem, slot, code in forms:
-        if slot < 0:
-            int_forms[(arg, elem)] = code
-        else:
-            by_path.setdefault((arg, elem), {})[slot] = code
+    by_path, int_forms = _split_forms(forms)
     func = _FUNCTIONAL.get(fname) or kernels.overload(fname)  # in place, out=: the functional form, written back
 
     env = ShapeEnv()

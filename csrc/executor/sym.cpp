@@ -24,6 +24,13 @@ int64_t answer(const Form& f) {
   return sym_code(f.a, f.b, f.p);
 }
 
+// v as c * L + b with b in -1..1 (L - 1, 2L), else the static value v.
+Form linear_form(int64_t v, int64_t L) {
+  if (L < 2 || v < L - 1) return {v, 0, 0};
+  const int64_t c = (v + L / 2) / L, b = v - c * L;
+  return c >= 1 && c < kMaxA && b >= -1 && b <= 1 ? Form{c, b, 1} : Form{v, 0, 0};
+}
+
 }  // namespace
 
 int64_t sym_code(int64_t a, int64_t b, int64_t p) {
@@ -58,9 +65,8 @@ c10::SmallVector<int64_t, 6> sym_strides(c10::ArrayRef<int64_t> shape, c10::Smal
 int64_t sym_classify(int64_t v, int64_t L) {
   if (v < L - 1) return 0;
   if (v >= L * L && v % (L * L) == 0) return sym_code(v / (L * L), 0, 2);
-  const int64_t a = (v + L / 2) / L, b = v - a * L;
-  if (a >= 1 && b >= -1 && b <= 1 && a < kMaxA) return sym_code(a, b, 1);
-  return 0;
+  const Form f = linear_form(v, L);
+  return f.p == 0 ? 0 : sym_code(f.a, f.b, 1);
 }
 
 int64_t int_form(int64_t v, int64_t L) {
@@ -95,11 +101,7 @@ c10::SmallVector<int64_t, 13> view_forms(c10::ArrayRef<int64_t> shape, int64_t L
       if (k == 0) continue;
       if ((d > 0 && k >= n[d]) || !ok[d]) return 0;
       const Form st = decode(cs[d]), dim = decode(shape[d]);
-      Form kf{k, 0, 0};  // the coordinate as a form
-      if (dim.p > 0 && L > 1 && k >= L - 1) {
-        const int64_t c = (k + L / 2) / L, b = k - c * L;
-        if (c >= 1 && b >= -1 && b <= 1) kf = {c, b, 1};
-      }
+      const Form kf = dim.p > 0 ? linear_form(k, L) : Form{k, 0, 0};  // the coordinate as a form
       if (kf.p + st.p > 3) return 0;
       coef[kf.p + st.p] += kf.a * st.a;
       coef[st.p] += kf.b * st.a;
