@@ -8,8 +8,8 @@ hand routes), a hand-written top-k router LM, and GPT-2 and Mixtral over batches
 each mode: step time / CPU eager (medians after step 2), compiles per step after step 2, host reads per step, the
 loss difference to cpu. The machines are shared and noisy: read the ratios, not the milliseconds. The varying-length
 loops also run compiled (torch.compile(backend="tpu", dynamic=True), strict mode): there its sizes are bucketed
-(torchtpu/buckets.py), one program per bucket; the lengths' power-of-two buckets are printed with it. The eager
-modes bucket the varying length too (torchtpu/eager_symbolic.py); their "exact sizes" rows are the before.
+(torchtpu/shapes), one program per bucket; the lengths' power-of-two buckets are printed with it. The eager
+modes bucket the varying length too (torchtpu/shapes/eager_symbolic.py); their "exact sizes" rows are the before.
 """
 from __future__ import annotations
 

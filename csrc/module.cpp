@@ -51,12 +51,51 @@ torchtpu::ValueType value_type_of(py::handle shape, py::handle dtype) {
   return t;
 }
 
+// The enums of core/kinds.h, by name (Python passes and compares these, never bare positions): _C.Mode.fused,
+// _C.CutCause.host_read (cut_cause_name: the names metrics use), _C.OutputKind.new...
+void register_enums(py::module& m) {
+  py::enum_<torchtpu::Mode>(m, "Mode")
+      .value("strict", torchtpu::Mode::kStrict)
+      .value("debug", torchtpu::Mode::kDebug)
+      .value("fused", torchtpu::Mode::kFused);
+  py::enum_<torchtpu::CutCause> cut(m, "CutCause");
+  for (int c = 0; c < static_cast<int>(torchtpu::CutCause::kCount); ++c) {
+    const auto cause = static_cast<torchtpu::CutCause>(c);
+    cut.value(torchtpu::cut_cause_name(cause), cause);  // "host_read": the name metrics use (cuts.host_read)
+  }
+  py::enum_<torchtpu::ScalarKind>(m, "ScalarKind")
+      .value("float", torchtpu::ScalarKind::kFloat)
+      .value("int", torchtpu::ScalarKind::kInt)
+      .value("bool", torchtpu::ScalarKind::kBool)
+      .value("complex", torchtpu::ScalarKind::kComplex)
+      .value("rng", torchtpu::ScalarKind::kRng);
+  py::enum_<torchtpu::SourceKind>(m, "SourceKind")
+      .value("arg", torchtpu::SourceKind::kArg)
+      .value("cpu_tensor", torchtpu::SourceKind::kCpuTensor)
+      .value("rng", torchtpu::SourceKind::kRng)
+      .value("rows", torchtpu::SourceKind::kRows)
+      .value("sym", torchtpu::SourceKind::kSym);
+  py::enum_<torchtpu::OutputKind>(m, "OutputKind")
+      .value("new", torchtpu::OutputKind::kNew)
+      .value("arg", torchtpu::OutputKind::kArg)
+      .value("none", torchtpu::OutputKind::kNone);
+  py::enum_<torchtpu::EntryKind>(m, "EntryKind")
+      .value("program", torchtpu::EntryKind::kProgram)
+      .value("python", torchtpu::EntryKind::kPython)
+      .value("exact", torchtpu::EntryKind::kExact);
+  py::enum_<torchtpu::Returns>(m, "Returns")
+      .value("single", torchtpu::Returns::kSingle)
+      .value("tuple", torchtpu::Returns::kTuple)
+      .value("list", torchtpu::Returns::kList)
+      .value("nothing", torchtpu::Returns::kNothing);
+}
+
 void register_executor(py::module& m) {
   m.def("_set_callbacks", &torchtpu::runtime::set_callbacks);
   m.def("_take_checks", &torchtpu::runtime::take_checks);
   m.def("_register_kernels", &torchtpu::register_kernels);
-  m.def("_set_mode", [](int mode) { torchtpu::set_mode(static_cast<torchtpu::Mode>(mode)); });
-  m.def("_get_mode", []() { return static_cast<int>(torchtpu::get_mode()); });
+  m.def("_set_mode", &torchtpu::set_mode);
+  m.def("_get_mode", &torchtpu::get_mode);
   m.def("_set_fused_limits", &torchtpu::set_fused_limits);
   m.def("_set_chunk_cache_capacity", &torchtpu::set_chunk_cache_capacity);
   m.def("_clear_chunk_cache", &torchtpu::clear_chunk_cache);
@@ -131,12 +170,12 @@ void register_executor(py::module& m) {
     d["rng"] = i.rng;
     return d;
   });
-  m.def("_storage_buffer", [](py::handle t, int cause) -> py::object {
+  m.def("_storage_buffer", [](py::handle t, torchtpu::CutCause cause) -> py::object {
     at::Tensor tensor = tensor_of(t);
     _object* a;
     {
       py::gil_scoped_release no_gil;
-      a = torchtpu::storage_buffer(tensor, cause);
+      a = torchtpu::storage_buffer(tensor, static_cast<int>(cause));
     }
     if (a == nullptr) return py::none();
     return py::reinterpret_steal<py::object>(a);
@@ -165,16 +204,16 @@ void register_executor(py::module& m) {
     if (!torchtpu::storage_value_type(tensor_of(t), &shape, &dtype)) return py::none();
     return py::make_tuple(py::tuple(py::cast(shape)), py::cast(dtype));
   });
-  m.def("_synchronize", [](int64_t device, int cause) {
+  m.def("_synchronize", [](int64_t device, torchtpu::CutCause cause) {
     py::gil_scoped_release no_gil;
-    torchtpu::synchronize(device, cause);
+    torchtpu::synchronize(device, static_cast<int>(cause));
   });
-  m.def("_cut", [](int64_t device, int cause) {
+  m.def("_cut", [](int64_t device, torchtpu::CutCause cause) {
     py::gil_scoped_release no_gil;
     if (device < 0) {
-      torchtpu::cut_all(static_cast<torchtpu::CutCause>(cause));
+      torchtpu::cut_all(cause);
     } else {
-      torchtpu::cut(static_cast<c10::DeviceIndex>(device), static_cast<torchtpu::CutCause>(cause));
+      torchtpu::cut(static_cast<c10::DeviceIndex>(device), cause);
     }
   });
   m.def("_pending_hashes", [](int64_t device) { return torchtpu::pending_hashes(static_cast<c10::DeviceIndex>(device)); });
@@ -221,6 +260,7 @@ void register_executor(py::module& m) {
 
 PYBIND11_MODULE(_C, m) {
   torchtpu::runtime::init_numpy();
+  register_enums(m);
   register_executor(m);
   m.def("_set_device_count", [](int64_t n) { torchtpu::set_device_count(static_cast<c10::DeviceIndex>(n)); });
   m.def("_device_count", []() { return static_cast<int64_t>(torchtpu::device_count()); });

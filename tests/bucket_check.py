@@ -1,7 +1,7 @@
 """Runs torch.compile'd graphs bucketed on the CPU and checks them (tests/test_buckets.py, tests/test_bucket_sweep.py).
 
 A checking backend: every graph with symbolic sizes AOTAutograd hands it is run twice, by the graph itself at the
-exact sizes and by the bucketed interpreter (torchtpu/buckets.py) on buffers of the bucket's capacity whose padding
+exact sizes and by the bucketed interpreter (torchtpu/shapes) on buffers of the bucket's capacity whose padding
 is NaN (or a large integer, or True): the outputs must agree, so the padding is never read into a valid value. Its
 report holds one (graph kind, sizes, verdict) per graph call; verdict "ok", "unsupported: ..." (the interpreter
 declines: on tpu that bucket captures per exact size instead) or "outputs [...] differ"."""
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from torchtpu import buckets
+from torchtpu.shapes import Unsupported
+from torchtpu.shapes import plan as shape_plan
 
 
 def garbage_flat(t, cap):
@@ -37,8 +38,8 @@ def checking_backend(report):
     def compiler(kind):
         def compile_graph(gm, example_inputs):
             try:
-                plan = buckets.Plan(gm)
-            except buckets.Unsupported as e:  # as torchtpu/compile.py: the graph runs per exact size
+                plan = shape_plan.Plan(gm)
+            except Unsupported as e:  # as torchtpu/compile.py: the graph runs per exact size
                 report.append((kind, None, f"unsupported: {e}"))
                 return make_boxed_func(gm)
 
@@ -49,8 +50,8 @@ def checking_backend(report):
                     flats = [garbage_flat(a, plan.capacity(plan.in_shapes[i][1], values))
                              if isinstance(a, torch.Tensor) and plan.padded_input(i) else None
                              for i, a in enumerate(args)]
-                    got = buckets.exact_outputs(plan, values, buckets.execute(plan, args, flats, torch.tensor(values)))
-                except buckets.Unsupported as e:
+                    got = shape_plan.exact_outputs(plan, values, shape_plan.execute(plan, args, flats, torch.tensor(values)))
+                except Unsupported as e:
                     report.append((kind, values, f"unsupported: {e}"))
                     return want
                 bad = [j for j, (g, w) in enumerate(zip(got, want)) if isinstance(w, torch.Tensor) and not _same(g, w)]

@@ -22,11 +22,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from bucket_check import checking_backend
 import opinfo_sweep
-from torchtpu import buckets
+from torchtpu import shapes
 
 
 def _paddable(n: int) -> bool:
-    return n >= 3 and buckets.bucket(n) > n
+    return n >= 3 and shapes.bucket(n) > n
 
 
 def _run(fn, tensors):

@@ -45,7 +45,7 @@ def _fresh_metrics():
     torchtpu.metrics.reset()
     # which uploads varied in size belongs to one program's loop: tests start without the earlier tests' (their
     # values would still be right, but bucketed where a test counts compiles of exact sizes)
-    torchtpu.set_shape_buckets(torchtpu.buckets.get_shape_buckets())
+    torchtpu.set_shape_buckets(torchtpu.shapes.get_shape_buckets())
     yield
 
 

@@ -1,4 +1,4 @@
-"""The OpInfo sweep over bucketed rows in eager mode (torchtpu/eager_buckets.py), on tpu against cpu.
+"""The OpInfo sweep over bucketed rows in eager mode (torchtpu/shapes/eager_buckets.py), on tpu against cpu.
 
 Per float32 sample, the reference is the op on tpu at exact sizes (tests/test_opinfo.py checks that against cpu).
 The input (and any argument of its shape) goes to the device in a
@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import opinfo_sweep
 import torchtpu
-import torchtpu.buckets
+import torchtpu.shapes
 from torchtpu import _C, metrics
 
 PAD_ROWS = 3
@@ -102,7 +102,7 @@ def _once(op, flat, spec, idx, rows, n, cap):
         if k in rows:
             t = t[:n]
         cpu_in.append(t.clone().requires_grad_(flat[i].requires_grad and t.dtype.is_floating_point))
-    policy = torchtpu.buckets.get_shape_buckets()
+    policy = torchtpu.shapes.get_shape_buckets()
     torchtpu.set_shape_buckets(None)
     try:
         want, wgrads, _ = _tpu_run(op, flat, spec, idx, cpu_in, rows, n, None)
@@ -167,9 +167,7 @@ _LOWERED: list = []  # op names lowered since the sample's tpu run began
 @contextlib.contextmanager
 def _recording_lowerings():
     """Op names lowered go to _LOWERED (the executor's callbacks are restored after: errors name the user's line)."""
-    from torchtpu import executor
-
-    cbs = executor.callbacks()
+    cbs = torchtpu._callbacks()
     orig = cbs["lower"]
 
     def lower(name, *a):

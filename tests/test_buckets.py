@@ -1,4 +1,4 @@
-"""Bucketed sizes for torch.compile(dynamic=True / mark_dynamic) (torchtpu/buckets.py): one program per bucket.
+"""Bucketed sizes for torch.compile(dynamic=True / mark_dynamic) (torchtpu/shapes): one program per bucket.
 
 Two halves. On the CPU, every graph AOTAutograd hands a checking backend is also run by the bucketed interpreter on
 buffers of the bucket's capacity whose padding is NaN (or a large integer): its outputs must equal the graph's own at
@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchtpu
-from torchtpu import buckets
+from torchtpu import shapes
 from bucket_check import checking_backend
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -25,7 +25,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
-    buckets.set_shape_buckets("pow2")
+    shapes.set_shape_buckets("pow2")
 
 
 # -- the interpreter on the CPU ----------------------------------------------------------------------------------------
@@ -46,11 +46,11 @@ def _check(fn, calls, dynamic_dims=None):
 
 @pytest.mark.one_pass("strict")  # no device: the same in both passes
 def test_policy():
-    assert [buckets.bucket(n) for n in (0, 1, 2, 3, 17, 32, 33, 64)] == [0, 1, 2, 4, 32, 32, 64, 64]
-    buckets.set_shape_buckets([16, 48])
-    assert [buckets.bucket(n) for n in (3, 16, 17, 48, 49)] == [16, 16, 48, 48, 49]
-    buckets.set_shape_buckets(None)
-    assert not buckets.enabled() and buckets.bucket(17) == 17
+    assert [shapes.bucket(n) for n in (0, 1, 2, 3, 17, 32, 33, 64)] == [0, 1, 2, 4, 32, 32, 64, 64]
+    shapes.set_shape_buckets([16, 48])
+    assert [shapes.bucket(n) for n in (3, 16, 17, 48, 49)] == [16, 16, 48, 48, 49]
+    shapes.set_shape_buckets(None)
+    assert not shapes.enabled() and shapes.bucket(17) == 17
 
 
 @pytest.mark.one_pass("strict")  # no device: the same in both passes
@@ -170,7 +170,7 @@ def test_compiled_gpt_over_lengths_17_to_64_captures_once_per_bucket():
     # a bucket's first step captures its programs (and in fused mode its second compiles the chunk they fuse into
     # with the optimizer); every later length of a bucket compiles nothing
     later = [n for i, n in enumerate(compiles)
-             if [buckets.bucket(t) for t in lengths[:i]].count(buckets.bucket(lengths[i])) >= 2]
+             if [shapes.bucket(t) for t in lengths[:i]].count(shapes.bucket(lengths[i])) >= 2]
     assert len(later) == 3 and later == [0, 0, 0], compiles
 
 

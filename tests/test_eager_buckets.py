@@ -1,4 +1,4 @@
-"""Bucketed rows in the eager modes (torchtpu/eager_buckets.py): a data-dependent count (nonzero, where(cond),
+"""Bucketed rows in the eager modes (torchtpu/shapes/eager_buckets.py): a data-dependent count (nonzero, where(cond),
 boolean masks, masked_select) puts its rows in a storage of its bucket, and the ops after it run one table entry
 (one fragment, in fused mode one chunk program) per bucket instead of one per count. The tensors the user sees
 keep their exact sizes and values."""

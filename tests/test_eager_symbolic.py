@@ -1,4 +1,4 @@
-"""A varying inner size in the eager modes (torchtpu/eager_symbolic.py): batches whose sequence length changes from
+"""A varying inner size in the eager modes (torchtpu/shapes/eager_symbolic.py): batches whose sequence length changes from
 step to step are stored compact at their length's bucket, and the ops on them run one table entry per bucket with
 the length as a runtime value. The tensors the user sees keep their exact sizes and values."""
 import pytest

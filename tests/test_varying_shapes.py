@@ -81,7 +81,7 @@ def test_training_over_lengths_from_17_to_64_matches_cpu_and_a_length_seen_befor
 def test_a_dim_that_changes_between_calls_is_counted_and_said_once():
     """Outside the data-dependent rows, a size that changes between calls (a sequence length) compiles anew in the
     eager modes: each such lowering is counted, and the process is told once, with what to do instead."""
-    from torchtpu import eager_buckets as eb
+    from torchtpu.shapes import eager_buckets as eb
 
     eb._SIZES.clear()
     eb._warned_varying.clear()

@@ -5,7 +5,8 @@ renames PrivateUse1 to "tpu", registers ``torch.tpu`` and every kernel.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from . import config  # noqa: F401  (every TORCHTPU_* knob)
+from .version import __version__
 
 
 def _autoload():
@@ -33,17 +34,26 @@ from . import metrics  # noqa: E402
 from . import executor as _executor  # noqa: E402
 from .executor import get_mode, mode, set_mode, synchronize as _sync  # noqa: E402
 from . import lowering  # noqa: E402,F401  (fills the lowering tables)
-from . import buckets as _buckets  # noqa: E402
-
-_buckets._sync_upload_copies()
 from . import kernels as _kernels  # noqa: E402
+from . import fallback as _fallback  # noqa: E402
+from . import shapes as _shapes  # noqa: E402  (registers the eager bucketing lowerers and its Python kernels)
+from .shapes import set_shape_buckets  # noqa: E402
 
-_C._set_callbacks(_executor.callbacks())
+_shapes.eager_buckets.sync()  # the C++ path's bucketing, as the policy says
+
+
+def _callbacks() -> dict:
+    """What the C++ path calls back into: the executor's and the op table's (lower, python_kernel)."""
+    return {**_executor.callbacks(), "lower": _kernels.lower, "python_kernel": _kernels.python_kernel}
+
+
+_C._set_callbacks(_callbacks())
 if torch.distributed.is_available():
     from . import distributed as _distributed  # noqa: E402  (the c10d backend "tpu")
 
     _distributed.register()
 _kernels.register_all()
+_fallback.register()  # after the kernels: every op without one
 # TPUs compute in bfloat16 natively: make it torch.autocast("tpu")'s default (CUDA's is float16).
 torch.set_autocast_dtype("tpu", torch.bfloat16)
 _C._set_synchronize_callback(lambda idx: _sync(idx))
@@ -66,17 +76,9 @@ def advise(fn, *args, **kwargs):
     return run(fn, *args, **kwargs)
 
 
-def set_shape_buckets(policy) -> None:
-    """How torch.compile(dynamic=True / mark_dynamic) buckets symbolic sizes (torchtpu/buckets.py): "pow2" (the
-    default, also ``TORCHTPU_SHAPE_BUCKETS``), a list of sizes, or None / "off" (a program per exact size)."""
-    from .buckets import set_shape_buckets as set_
-
-    set_(policy)
-
-
 def sync() -> None:
     """Launches what is pending (fused mode) and waits for every queued tpu op."""
     _sync()
 
 
-__all__ = ["get_mode", "set_mode", "mode", "metrics", "sync", "jax_op", "advise", "set_shape_buckets"]
+__all__ = ["__version__", "advise", "config", "get_mode", "jax_op", "metrics", "mode", "set_mode", "set_shape_buckets", "sync"]

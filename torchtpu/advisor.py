@@ -27,7 +27,7 @@ import traceback
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _C, cache, metrics
+from . import _C, cache, executor, metrics
 
 # Public specs, per chip: peak dense bfloat16 flops/s and HBM bandwidth bytes/s; the matrix unit's side.
 TPUS = {
@@ -312,7 +312,6 @@ class _Probe:
     """A plain step (after warm-up): its time, host syncs by line, compiles, the ops lowered anew, fallbacks."""
 
     def __enter__(self):
-        from . import executor, kernels
 
         torch.tpu.synchronize()
         self.c0 = metrics.counters()
@@ -350,7 +349,6 @@ class _Record:
     (compiling each op's program once if the step ran fused until now)."""
 
     def __enter__(self):
-        from . import executor
 
         torch.tpu.synchronize()
         self._mode = executor.get_mode()
@@ -375,7 +373,6 @@ class _Record:
         return self
 
     def __exit__(self, *exc):
-        from . import executor
 
         try:
             torch.tpu.synchronize()

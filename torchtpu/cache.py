@@ -28,25 +28,24 @@ import threading
 import time
 import warnings
 
-from . import metrics
+from . import config, metrics
+from .version import __version__
 
 _lock = threading.Lock()
 _memory: collections.OrderedDict = collections.OrderedDict()
-MAX_ENTRIES = int(os.environ.get("TORCHTPU_CACHE_ENTRIES", "1024"))
-MAX_DISK_BYTES = int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", str(4 << 30)))
+MAX_ENTRIES = config.get("cache_entries")
+MAX_DISK_BYTES = config.get("cache_max_bytes")
 MAGIC = b"torchtpu-executable-v1\n"
 ENTRY_SUFFIXES = (".xla", ".aot", ".bin")  # executables; compiled graphs' AOTAutograd results (compile.py); op tables (optable.py)
 _context: str | None = None
 _disk_state: dict = {}  # "dir": the directory in use (None: off), "why": why not
 
 
-def _context_key(runtime) -> str:
+def context_key(runtime) -> str:
     global _context
     if _context is None:
         import jaxlib
         import torch
-
-        from . import __version__
 
         info = runtime.platform_info()
         cpu = ""
@@ -63,7 +62,7 @@ def _context_key(runtime) -> str:
 
 def key(runtime, text: str, device_index: int) -> str:
     h = hashlib.sha256()
-    h.update(_context_key(runtime).encode())
+    h.update(context_key(runtime).encode())
     h.update(str(device_index).encode())
     h.update(text.encode())
     return h.hexdigest()
@@ -74,9 +73,9 @@ def disk_dir() -> str | None:
     """The cache directory in use, or None (turned off, or refused: see ``disk_status()``)."""
     if "dir" in _disk_state:
         return _disk_state["dir"]
-    path = os.environ.get("TORCHTPU_CACHE_DIR")
-    if path is None:
-        path = os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
+    path = config.get("cache_dir")
+    if path:
+        path = os.path.expanduser(path)
     why = None
     if path == "":
         why = "TORCHTPU_CACHE_DIR is empty"
@@ -116,7 +115,7 @@ def _entry_path(d: str, k: str) -> str:
     return os.path.join(d, k + ".xla")
 
 
-def _bad_entry(path: str, why: str) -> None:
+def bad_entry(path: str, why: str) -> None:
     metrics.inc("cache_disk.bad_entries")
     warnings.warn(f"torchtpu: cache entry {path} {why}; compiling anew and replacing it", stacklevel=4)
 
@@ -130,27 +129,27 @@ def read_entry(path: str, magic: bytes, context: str):
     except FileNotFoundError:
         return None
     except OSError as e:
-        _bad_entry(path, f"is unreadable ({e})")
+        bad_entry(path, f"is unreadable ({e})")
         return None
     if not data.startswith(magic):
-        _bad_entry(path, "is not a torchtpu cache entry (or a foreign version)")
+        bad_entry(path, "is not a torchtpu cache entry (or a foreign version)")
         return None
     end = data.find(b"\n", len(magic))
     try:
         header = json.loads(data[len(magic):end])
         size, digest, ctx = int(header["size"]), header["sha256"], header["context"]
     except (ValueError, KeyError, TypeError):
-        _bad_entry(path, "has a corrupt header")
+        bad_entry(path, "has a corrupt header")
         return None
     if ctx != context:
-        _bad_entry(path, "was written by another version or platform")
+        bad_entry(path, "was written by another version or platform")
         return None
     payload = data[end + 1:]
     if len(payload) != size:
-        _bad_entry(path, f"is truncated ({len(payload)} of {size} bytes)")
+        bad_entry(path, f"is truncated ({len(payload)} of {size} bytes)")
         return None
     if hashlib.sha256(payload).hexdigest() != digest:
-        _bad_entry(path, "fails its digest (corrupt)")
+        bad_entry(path, "fails its digest (corrupt)")
         return None
     try:
         os.utime(path)  # least recently used goes first
@@ -183,14 +182,14 @@ def write_entry(path: str, magic: bytes, context: str, payload: bytes, **extra) 
 def _load(runtime, d: str, k: str, device_index: int):
     """(executable, compile seconds it saves) from the disk tier, or None."""
     path = _entry_path(d, k)
-    got = read_entry(path, MAGIC, _context_key(runtime))
+    got = read_entry(path, MAGIC, context_key(runtime))
     if got is None:
         return None
     header, payload = got
     try:
         exe = runtime.deserialize(payload, device_index)
     except Exception as e:  # noqa: BLE001 (any failure: recompile)
-        _bad_entry(path, f"does not deserialize ({type(e).__name__}: {e})")
+        bad_entry(path, f"does not deserialize ({type(e).__name__}: {e})")
         return None
     return exe, float(header.get("compile_seconds", 0.0))
 
@@ -202,7 +201,7 @@ def _store(runtime, d: str, k: str, exe, compile_seconds: float) -> None:
         metrics.inc("cache_disk.unserializable")
         warnings.warn(f"torchtpu: an executable could not be serialized ({e}); not cached on disk", stacklevel=4)
         return
-    write_entry(_entry_path(d, k), MAGIC, _context_key(runtime), payload, compile_seconds=round(compile_seconds, 6))
+    write_entry(_entry_path(d, k), MAGIC, context_key(runtime), payload, compile_seconds=round(compile_seconds, 6))
 
 
 def _evict(d: str) -> None:

@@ -16,7 +16,7 @@ graph with the reason. New input layouts capture again, up to ``TORCHTPU_COMPILE
 then run op by op.
 
 ``dynamic=True`` / ``mark_dynamic``: Dynamo and AOTAutograd give symbolic graphs; each bucket of their sizes
-(``torchtpu.set_shape_buckets``) is one capture: the graph runs padded through torchtpu/buckets.py's interpreter,
+(``torchtpu.set_shape_buckets``) is one capture: the graph runs padded through torchtpu/shapes' interpreter,
 the true sizes are runtime values of the program, inputs and outputs are compact tensors of their exact sizes.
 A graph the interpreter cannot run padded is captured per exact size (counted, warned once).
 """
@@ -29,9 +29,11 @@ import warnings
 
 import torch
 
-from . import _C, buckets, checks, executor, metrics
+from . import _C, cache, checks, config, executor, metrics, shapes
+from .lowering.matmul import grouped_mm_meta
+from .shapes import plan as shape_plan
 
-MAX_PROGRAMS = int(os.environ.get("TORCHTPU_COMPILE_MAX_PROGRAMS", "8"))
+MAX_PROGRAMS = config.get("compile_max_programs")
 
 # This module is imported when torch.compile(..., backend="tpu") looks the backend up (the torch_dynamo_backends
 # entry point), not at `import torchtpu`; what the backend's first call needs is imported now, with the rest of
@@ -47,7 +49,6 @@ def _register_fake_impls() -> None:
     from torch._subclasses import fake_impls
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
-    from .lowering.matmul import _grouped_mm_meta
 
     def on_tpu(args):
         return isinstance(args[0], torch.Tensor) and args[0].device.type == "tpu"
@@ -57,7 +58,7 @@ def _register_fake_impls() -> None:
         if not on_tpu(args):
             return NotImplemented
         with in_kernel_invocation_manager(fake_mode):
-            out = _grouped_mm_meta(*args, **kwargs)
+            out = grouped_mm_meta(*args, **kwargs)
         return FakeTensor(fake_mode, out, args[0].device)
 
 
@@ -99,7 +100,7 @@ class TpuGraph:
         self.cpu_constants = not _draws_on_cpu(gm)
         self.scalar_inputs = _scalar_inputs(gm)
         self.bucket_warned = False
-        self.plan = _bucket_plan(gm)  # a symbolic graph: one program per bucket of its sizes (torchtpu/buckets.py)
+        self.plan = _bucket_plan(gm)  # a symbolic graph: one program per bucket of its sizes (torchtpu/shapes)
 
     def __call__(self, *args):
         # boxed (one list) as AOTAutograd calls forward graphs; unpacked as its backward wrappers may
@@ -114,7 +115,7 @@ class TpuGraph:
             # scalar, which a program bakes, so programs are keyed by its value (a forward's constants: one program)
             key += tuple(("cpu", t.dtype, t.item()) for t in baked)
             tensors = [t for t in tensors if not any(t is b for b in baked)]
-        if self.plan is not None and buckets.enabled():
+        if self.plan is not None and shapes.enabled():
             out = self._bucketed(args, tensors)
             if out is not None:
                 return out
@@ -188,7 +189,7 @@ class TpuGraph:
         try:
             caps = {i: plan.capacity(plan.in_shapes[i][1], values) for i in plan.tensor_inputs()
                     if plan.padded_input(i)}
-        except buckets.Unsupported as e:  # a size expression without a rule
+        except shapes.Unsupported as e:  # a size expression without a rule
             self._declines(key, str(e))
             return None
         for i, cap in caps.items():
@@ -203,18 +204,18 @@ class TpuGraph:
                 if outs is not None:
                     metrics.inc("compile.program_runs")
                     metrics.inc("compile.bucketed_runs")
-                    return buckets.exact_outputs(plan, values, _assemble(template, outs))
+                    return shape_plan.exact_outputs(plan, values, _assemble(template, outs))
         if len(captured) >= MAX_PROGRAMS:
             return None
         dev = device.index or 0
         with executor.mode("fused"):
             _C._capture_begin(dev, prog_tensors)
             try:
-                outs = buckets.execute(plan, args, flats, sizes)
+                outs = shape_plan.execute(plan, args, flats, sizes)
                 touts = [o for o in outs if isinstance(o, torch.Tensor)]
                 if any(t.device.type != "tpu" for t in touts):
-                    raise buckets.Unsupported("an output is not on the device")
-            except buckets.Unsupported as e:
+                    raise shapes.Unsupported("an output is not on the device")
+            except shapes.Unsupported as e:
                 _C._capture_end(dev, prog_tensors, [])
                 self._declines(key, str(e))
                 return None
@@ -230,7 +231,7 @@ class TpuGraph:
             executor.synchronize(dev)
         if pid < 0:
             self._declines(key, why)
-            return buckets.exact_outputs(plan, values, outs)
+            return shape_plan.exact_outputs(plan, values, outs)
         info = _C._program_info(pid)
         self._register_checks(info, check_frags)
         template = [None if isinstance(o, torch.Tensor) else (o,) for o in outs]
@@ -238,7 +239,7 @@ class TpuGraph:
         metrics.inc("compile.captures")
         metrics.inc("compile.bucketed_captures")
         metrics.inc("compile.captured_ops", info["ops"])
-        return buckets.exact_outputs(plan, values, outs)
+        return shape_plan.exact_outputs(plan, values, outs)
 
     def _register_checks(self, info, check_frags):
         """The device-side checks of the captured ops (index bounds...) raise with their op's message."""
@@ -312,8 +313,8 @@ def _bucket_plan(gm):
     if not isinstance(gm, torch.fx.GraphModule):
         return None
     try:
-        plan = buckets.Plan(gm)
-    except buckets.Unsupported:
+        plan = shape_plan.Plan(gm)
+    except shapes.Unsupported:
         return None
     return plan if plan.symbolic() else None
 
@@ -334,7 +335,7 @@ def _flat_capacity(t, capacity):
     host = torch.zeros(capacity, dtype=t.dtype)
     kept = executor.uploaded_values(t) if whole else None
     if kept is not None:
-        host[: t.numel()] = kept.reshape(-1)  # the bytes it was uploaded from (buckets.UPLOAD_HOST_COPY_BYTES)
+        host[: t.numel()] = kept.reshape(-1)  # the bytes it was uploaded from (shapes/policy.py UPLOAD_HOST_COPY_BYTES)
         metrics.inc("compile.bucket_input_host_copies")
     else:
         host[: t.numel()] = executor.read_host(t, "bucket_input").reshape(-1)
@@ -532,8 +533,6 @@ class _GraphCode:
 
 
 def _aot_dir() -> str | None:
-    from . import cache
-
     return cache.disk_dir()
 
 
@@ -550,8 +549,6 @@ def _aot_cache():
         with fconfig.patch(enable_autograd_cache=False):
             yield
         return
-    from . import cache
-
     context = AOT_FORMAT + "|" + torch.__version__
 
     def details(self, gm, example_inputs, fx_config):
@@ -570,7 +567,7 @@ def _aot_cache():
         try:
             entry = pickle.loads(got[1])
         except Exception as e:  # noqa: BLE001 (checked bytes that still do not load: make it anew)
-            cache._bad_entry(path, f"does not unpickle ({type(e).__name__}: {e})")
+            cache.bad_entry(path, f"does not unpickle ({type(e).__name__}: {e})")
             return
         yield entry, got[1], True
 

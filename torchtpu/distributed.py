@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import _C, executor, metrics, runtime
+from . import _C, config, dtypes, executor, metrics, runtime, views
 
 _joined: dict = {}  # "world", "rank": the distributed runtime this process joined
 _lock = threading.Lock()
@@ -122,13 +122,12 @@ def _value(t: torch.Tensor):
     shape = tuple(t.shape) or (1,)
     src = t.resolve_conj().resolve_neg()
     vt = _C._storage_value_type(src) if src.untyped_storage().nbytes() else None
-    from . import views
 
     if vt is None or not views.covers_storage(src) or vt[1] != t.dtype:
         if t.numel() == 0 or vt is None:
             return jnp.zeros(shape, _np(t.dtype), device=runtime.get().device(t.device.index or 0))
         src = src.clone(memory_format=torch.contiguous_format)
-    buf = executor.buffer_of(src, executor.CUT_COLLECTIVE)
+    buf = executor.buffer_of(src, executor.Cut.collective)
     if buf.size != max(t.numel(), 1):  # a bucketed storage (its capacity): the tensor is its compact prefix
         buf = buf.reshape(-1)[: max(t.numel(), 1)]
     return buf if tuple(buf.shape) == shape else buf.reshape(shape)
@@ -139,7 +138,6 @@ def _assign(t: torch.Tensor, arr) -> None:
     shape = tuple(t.shape)
     if tuple(arr.shape) != shape:
         arr = arr.reshape(shape)
-    from . import views
 
     if views.covers_storage(t) and not t.is_conj() and not t.is_neg():
         _C._set_storage_buffer(t, arr, t.dtype, shape)
@@ -150,7 +148,6 @@ def _assign(t: torch.Tensor, arr) -> None:
 
 
 def _np(dtype):
-    from . import dtypes
 
     return dtypes.to_numpy(dtype)
 
@@ -602,7 +599,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         return self._rank
 
 
-CHECKS = os.environ.get("TORCHTPU_DISTRIBUTED_CHECKS", "1") != "0"
+CHECKS = config.get("distributed_checks")
 _NAMES = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "scatter", "send_recv"]
 _REDUCE = ["", "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 _DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",

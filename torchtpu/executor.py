@@ -14,38 +14,30 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import numpy as np
 import torch
 
-from . import _C, cache, checks, metrics, runtime
+from . import _C, cache, checks, config, metrics, runtime
 from . import dtypes as D
-from . import emit as E
 from . import views as V
 from .errors import user_line
 from .trace import Trace
 
-MODES = ("strict", "debug", "fused")  # the order of csrc/executor/executor.h Mode
-# cut causes (csrc/graph/graph.h CutCause)
-(CUT_OP, CUT_HOST_READ, CUT_SYNC, CUT_SIZE_CAP, CUT_REPEAT, CUT_MODE_SWITCH, CUT_FALLBACK, CUT_DATA_DEPENDENT,
- CUT_COLLECTIVE, CUT_PROGRAM) = range(10)
+MODES = config.KNOBS["mode"].choices  # _C.Mode's names (csrc/core/kinds.h)
+Cut = _C.CutCause  # why a pending graph is cut: Cut.host_read, Cut.sync, ... (csrc/core/kinds.h)
 
-_mode = os.environ.get("TORCHTPU_MODE", "strict")
-if _mode not in MODES:
-    raise ValueError(f"TORCHTPU_MODE={_mode!r}: expected one of {', '.join(MODES)}")
-_check_nans = os.environ.get("TORCHTPU_CHECK_NANS", "0") not in ("", "0", "false")
-_C._set_mode(MODES.index(_mode))
+_mode = config.get("mode")
+_check_nans = config.get("check_nans")
+_C._set_mode(getattr(_C.Mode, _mode))
 _C._set_chunk_cache_capacity(cache.MAX_ENTRIES)
 
 
 def fused_limits_from_env() -> None:
-    """The fused-mode cut policy's knobs (docs/modes.md)."""
-    _C._set_fused_limits(int(os.environ.get("TORCHTPU_FUSED_MAX_OPS", "4096")),
-                         int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_OPS", "256")),
-                         int(os.environ.get("TORCHTPU_FUSED_READ_SPLIT_MIN_OPS", "64")),
-                         int(os.environ.get("TORCHTPU_FUSED_REPEAT_MIN_WEIGHT", "1024")),
-                         int(os.environ.get("TORCHTPU_FUSED_PROGRAM_CUT_OPS", "64")))
+    """The fused-mode cut policy's knobs (docs/modes.md), read from torchtpu.config."""
+    _C._set_fused_limits(config.get("fused_max_ops"), config.get("fused_repeat_min_ops"),
+                         config.get("fused_read_split_min_ops"), config.get("fused_repeat_min_weight"),
+                         config.get("fused_program_cut_ops"))
 
 
 fused_limits_from_env()
@@ -57,9 +49,9 @@ def set_mode(name: str) -> None:
     if name not in MODES:
         raise ValueError(f"torchtpu.set_mode({name!r}): expected one of {', '.join(MODES)}")
     if name != _mode:
-        _C._cut(-1, CUT_MODE_SWITCH)
+        _C._cut(-1, Cut.mode_switch)
     _mode = name
-    _C._set_mode(MODES.index(name))
+    _C._set_mode(getattr(_C.Mode, name))
 
 
 def get_mode() -> str:
@@ -77,11 +69,17 @@ def mode(name: str):
 
 
 def set_check_nans(on: bool) -> None:
-    global _check_nans
-    _check_nans = bool(on)
-    from . import eager_buckets
+    """debug mode's NaN/Inf check after each op (its listeners: shapes/eager_buckets.py turns bucketing off, since the
+    check reads whole buffers and bucketed rows' padding would trip it)."""
+    config.set("check_nans", bool(on))
 
-    eager_buckets.sync()  # the NaN check reads whole buffers: bucketed rows' padding would trip it
+
+def _check_nans_changed(on) -> None:
+    global _check_nans
+    _check_nans = on
+
+
+config.on_change("check_nans", _check_nans_changed)
 
 
 def direct_trace(opname: str, device_index: int) -> Trace:
@@ -106,7 +104,7 @@ def exact_uploads():
 
 
 # -- host reads -----------------------------------------------------------------------------------------------
-def buffer_of(t: torch.Tensor, cause: int = CUT_HOST_READ):
+def buffer_of(t: torch.Tensor, cause: Cut = Cut.host_read):
     """The jax Array holding t's whole storage (what is pending is launched first), or None if never written."""
     return _C._storage_buffer(t, cause)
 
@@ -172,13 +170,13 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
 def synchronize(device_index: int | None = None) -> None:
     """Launches what is pending and waits for every queued tpu op; raises failed device-side checks."""
     try:
-        _C._synchronize(-1 if device_index is None else device_index, CUT_SYNC)
+        _C._synchronize(-1 if device_index is None else device_index, Cut.sync)
     except RuntimeError as e:
         raise RuntimeError(f"tpu: a queued op failed: {e}") from e
     verify_checks()
 
 
-def cut(device_index: int | None = None, cause: int = CUT_SYNC) -> None:
+def cut(device_index: int | None = None, cause: Cut = Cut.sync) -> None:
     """Launches what is pending (fused mode) without waiting."""
     _C._cut(-1 if device_index is None else device_index, cause)
 
@@ -260,11 +258,9 @@ def verify_checks(wait: bool = True) -> None:
 
 
 def callbacks() -> dict:
-    from . import kernels
-
-    return {"lower": kernels.lower, "python_kernel": kernels.python_kernel, "compile_chunk": compile_chunk,
-            "submit_checks": submit_checks, "user_line": user_line, "wait_all": wait_all,
-            "device_put_args": device_put_args}
+    """The executor's half of the C++ callbacks (torchtpu/__init__.py adds the op table's: lower, python_kernel)."""
+    return {"compile_chunk": compile_chunk, "submit_checks": submit_checks, "user_line": user_line,
+            "wait_all": wait_all, "device_put_args": device_put_args}
 
 
 __all__ = ["read_host", "synchronize", "set_mode", "get_mode", "mode", "direct_trace", "buffer_of", "cut"]

@@ -2,7 +2,6 @@
 CPU round trip (counted as ``fallback.<op>``, warned once, an error under ``TORCHTPU_FALLBACK=error``)."""
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
@@ -11,9 +10,10 @@ import torch._decomp
 from torch.utils._pytree import tree_map
 
 from . import executor as X
-from . import metrics
+from . import config, metrics
 from .errors import op_error
-from .kernels import _is_tpu, check_out_overlap, flat
+from .arguments import flat, is_tpu
+from .kernels import check_out_overlap
 
 _fallback_lib = None
 
@@ -83,7 +83,7 @@ def fallback(op, *args, **kwargs):
 
 
 def cpu_fallback(op, name, args, kwargs):
-    policy = os.environ.get("TORCHTPU_FALLBACK", "warn")
+    policy = config.get("fallback")
     if policy == "error":
         raise op_error(name, args, kwargs, "no tpu lowering for this op and TORCHTPU_FALLBACK=error forbids the CPU fallback")
     metrics.inc("fallback." + name)
@@ -93,7 +93,7 @@ def cpu_fallback(op, name, args, kwargs):
                       f"torchtpu.metrics as fallback.{name}; TORCHTPU_FALLBACK=error to forbid)", stacklevel=3)
     dev = None
     for x in flat(args, kwargs):
-        if _is_tpu(x):
+        if is_tpu(x):
             dev = x.device
             break
     if dev is None:
@@ -101,7 +101,7 @@ def cpu_fallback(op, name, args, kwargs):
         dev = d if isinstance(d, torch.device) else torch.device("tpu", torch.tpu.current_device())
 
     def to_cpu(x):
-        if _is_tpu(x):
+        if is_tpu(x):
             return X.read_host(x, "fallback")
         if isinstance(x, torch.device) and x.type == "tpu":
             return torch.device("cpu")
@@ -117,7 +117,7 @@ def cpu_fallback(op, name, args, kwargs):
     flat_cargs = list(cargs) + [ckwargs.get(a.name) for a in schema.arguments[len(args):]]
     alias_of = {}
     for a, orig, cpu in zip(schema.arguments, flat_args, flat_cargs):
-        if a.alias_info is not None and a.alias_info.is_write and _is_tpu(orig):
+        if a.alias_info is not None and a.alias_info.is_write and is_tpu(orig):
             if orig.shape != cpu.shape:  # out= tensors the CPU kernel resized
                 orig.resize_(cpu.shape)
             orig.copy_(cpu)

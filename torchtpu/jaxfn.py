@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-import torch
 
 from . import dtypes as D
 from . import runtime

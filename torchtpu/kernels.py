@@ -12,51 +12,17 @@ from __future__ import annotations
 import torch
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
 
-from . import _C, eager_buckets, eager_symbolic, metrics, optable
+from . import _C, metrics, optable
+from .arguments import device_index, flat, is_tpu, map_args, overload
 from .errors import TpuOpError, op_error
 from .tables import DIRECT, FOREACH, INPLACE_RULES, META, PREPROCESS, RULES, SCALARS_SHAPE_OUTPUT
 from .trace import ArgSlot, OutputSlot, RuntimeScalar, Trace, label, plain, register_fragment
 from .untraced import untraced
 
-# entry kinds of csrc/executor/entry.h
-NEW, ARG, NONE = 0, 1, 2
-SINGLE, TUPLE, LIST, NOTHING = 0, 1, 2, 3
-
-
-def overload(name: str):
-    ns, _, rest = name.rpartition("::")  # "add.Tensor", or "ns::name.overload" (torchtpu.jax_op's ops)
-    packet, _, ov = rest.partition(".")
-    return getattr(getattr(getattr(torch.ops, ns or "aten"), packet), ov or "default")
-
-
-def _is_tpu(x):
-    return isinstance(x, torch.Tensor) and x.device.type == "tpu"
-
-
-def flat(args, kwargs):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            yield from a
-        else:
-            yield a
-
-
-def device_index(opname, args, kwargs) -> int:
-    """The tpu device of the op; rejects tensors on two devices (0-d CPU tensors are scalars, as on cuda)."""
-    dev = None
-    for x in flat(args, kwargs):
-        if isinstance(x, torch.Tensor):
-            if x.device.type == "tpu":
-                if dev is None:
-                    dev = x.device
-                elif x.device != dev:
-                    raise op_error(opname, args, kwargs, f"Expected all tensors to be on the same device, but found at least two devices, {dev} and {x.device}")
-            elif x.dim() != 0 or x.device.type != "cpu":
-                raise op_error(opname, args, kwargs, f"Expected all tensors to be on the same device, but found at least two devices, tpu and {x.device} (move the {x.device} tensor with .to('tpu'))")
-    if dev is None:
-        d = kwargs.get("device")
-        return (d.index or 0) if isinstance(d, torch.device) and d.index is not None else torch.tpu.current_device()
-    return dev.index or 0
+# entry kinds (csrc/core/kinds.h OutputKind, Returns): ints, as the op table on disk keeps them
+NEW, ARG, NONE = (k.value for k in (_C.OutputKind.new, _C.OutputKind.arg, _C.OutputKind.none))
+SINGLE, TUPLE, LIST, NOTHING = (r.value for r in (_C.Returns.single, _C.Returns.tuple, _C.Returns.list,
+                                                  _C.Returns.nothing))
 
 
 def _to_meta(x):
@@ -70,15 +36,6 @@ def _to_meta(x):
     return x
 
 
-def map_args(fn, args, kwargs):
-    """tree_map for ATen arguments (values, or lists/tuples of them): much cheaper than pytree."""
-
-    def one(x):
-        return type(x)(fn(v) for v in x) if isinstance(x, (list, tuple)) else fn(x)
-
-    return [one(a) for a in args], {k: one(v) for k, v in kwargs.items()}
-
-
 def meta(op, opname, args, kwargs):
     """Output metadata from PyTorch's meta kernels (types of runtime scalars only, which is all they read)."""
     margs, mkwargs = map_args(_to_meta, args, kwargs)
@@ -88,7 +45,7 @@ def meta(op, opname, args, kwargs):
         raise op_error(opname, map_args(plain, args, kwargs)[0], map_args(plain, args, kwargs)[1], e) from None
 
 
-def _as_tuple(x):
+def as_tuple(x):
     return x if isinstance(x, (tuple, list)) else (x,)
 
 
@@ -103,10 +60,10 @@ _OUT_DTYPE_EXACT = {"aminmax.out", "complex.out", "polar.out"}
 def check_out_overlap(opname, args, kwargs, outs):
     if opname.split(".")[0] not in _OUT_NO_OVERLAP:
         return
-    ins = [x for x in flat(args, kwargs) if _is_tpu(x)]
+    ins = [x for x in flat(args, kwargs) if is_tpu(x)]
     try:
         for o in outs:
-            if _is_tpu(o):
+            if is_tpu(o):
                 _C._assert_no_internal_overlap(o)
                 for x in ins:
                     _C._assert_no_overlap(o, x)
@@ -115,11 +72,11 @@ def check_out_overlap(opname, args, kwargs, outs):
 
 
 # -- one call of an op: lowered by signature (a table entry) or run on the real tensors ----------------------
-class _Python(Exception):
+class NeedsPython(Exception):
     """This call needs the Python kernel (raised while lowering by signature)."""
 
 
-class _Call:
+class Call:
     def __init__(self, name, values, lowering, runtime_slots=(), storages=(), device=None):
         self.name = name
         self.op = overload(name)
@@ -155,8 +112,8 @@ class _Call:
             else:
                 self.args.append(v)
         self.device = device
-        self.masks: dict = {}  # id(argument tensor) -> (dim, reduction): its padding rows read as that reduction's
-        # identity (eager_buckets.py)
+        # id(argument tensor) -> fn(trace, value) -> value: what its padding rows read as (shapes/eager_buckets.py)
+        self.masks: dict = {}
 
     # storage resolution for the Trace
     def storage(self, t):
@@ -184,7 +141,7 @@ class _Call:
                 if x.device.type == "tpu":
                     v = tr.read_value(x)
                     if id(x) in self.masks:
-                        v = eager_buckets.mask(tr, v, *self.masks[id(x)])
+                        v = self.masks[id(x)](tr, v)
                 else:
                     v = tr.host(x, self.path_of.get(id(x)) if self.lowering else None)
                 tr.bind_argument(v, x)  # tr.update / tr.arg_of (batch norm's running stats, copy_'s bits)
@@ -199,11 +156,11 @@ class _Call:
             res = rule(tr, *vargs, **vkwargs)
         except TpuOpError:
             raise
-        except _Python:
+        except NeedsPython:
             raise
         except Exception as e:
             raise op_error(self.name, *map_args(plain, args, kwargs), e) from e
-        return _as_tuple(res)
+        return as_tuple(res)
 
     def new_output(self, j, m):
         if self.lowering:
@@ -215,7 +172,7 @@ class _Call:
         kind, fname, rule, out_names = self.info
         args, kwargs = self.args, self.kwargs
         if self.lowering and self._preprocessed() is not None:
-            raise _Python()  # the arguments change per call (boolean masks): execute() re-dispatches them
+            raise NeedsPython()  # the arguments change per call (boolean masks): execute() re-dispatches them
         if not self.lowering:
             self.device = device_index(self.name, args, kwargs)
         fop = overload(fname)
@@ -224,7 +181,7 @@ class _Call:
             fmeta = meta(self.op, self.name, args, kwargs)
             tr._out = fmeta
             vals = self.run_rule(tr, rule, args, kwargs)
-            metas = _as_tuple(fmeta)
+            metas = as_tuple(fmeta)
             outs = [None if m is None else self.new_output(j, m) for j, m in enumerate(metas)]
             for o, v in zip(outs, vals):
                 if o is not None:
@@ -236,7 +193,7 @@ class _Call:
             if fop is not self.op:
                 fmeta = meta(fop, fname, args, kwargs)
                 selfs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
-                for t, m in zip(selfs, _as_tuple(fmeta)):
+                for t, m in zip(selfs, as_tuple(fmeta)):
                     if not torch.can_cast(m.dtype, t.dtype):
                         raise op_error(self.name, args, kwargs, f"result type {m.dtype} can't be cast to the desired output type {t.dtype}")
             tr._out = fmeta
@@ -256,14 +213,14 @@ class _Call:
             # an out-only rule (no functional twin, e.g. arange.start_out) takes its shapes from the out meta
             fmeta = ometa if fop is self.op else meta(fop, fname, args, kwargs)
             targets = []
-            for o, m in zip(outs, _as_tuple(fmeta)):
+            for o, m in zip(outs, as_tuple(fmeta)):
                 if self.name in _OUT_DTYPE_EXACT and o.dtype != m.dtype:
                     raise op_error(self.name, args, kwargs, f"Expected out tensor to have dtype {m.dtype}, but got "
                                                             f"{o.dtype} instead")
                 if o.shape != m.shape:
                     if self.lowering:
                         if o.numel() != 0 or not o.is_contiguous():
-                            raise _Python()  # resizing a tensor with values: the Python kernel does it
+                            raise NeedsPython()  # resizing a tensor with values: the Python kernel does it
                         # arrived empty (a factory: arange(n) is empty + arange.start_out): the entry resizes it
                         path = self.path_of[id(o)]
                         self.resizes.append((path[0], path[1], list(m.shape)))
@@ -333,10 +290,26 @@ class _Call:
         return result[0]
 
 
+# Lowerers of signatures whose tensors are bucketed (torchtpu/shapes registers them): "rows" (a data-dependent row
+# count: eager_buckets.py) and "sym" (a varying inner size: eager_symbolic.py). Each takes (name, values,
+# runtime_slots, storages, device, *what the C++ key adds) and returns (entry, registration).
+LOWERERS: dict = {}
+_on_lowering: list = []  # fn(name, values), called on every lowering (not on op-table hits)
+
+
+def register_lowerer(kind: str, fn) -> None:
+    LOWERERS[kind] = fn
+
+
+def on_lowering(fn) -> None:
+    _on_lowering.append(fn)
+
+
 def lower(name, values, runtime_slots, storages, device, key=None, buckets=None):
     """C++ callback on an op-table miss: the entry for this signature (from the op table on disk when an earlier
-    process lowered it: optable.py). `buckets`: (valid rows per row class, bucketed tensor arguments) when the
-    signature has tensors walking the rows of bucketed storages (eager_buckets.py)."""
+    process lowered it: optable.py). `buckets`: ("sym", L, capacity, forms) when the signature has a varying inner
+    size, else (valid rows per row class, bucketed tensor arguments) when its tensors walk the rows of bucketed
+    storages."""
     if key is not None:
         known = optable.lookup(key, name, values)
         if known is not None:
@@ -346,17 +319,17 @@ def lower(name, values, runtime_slots, storages, device, key=None, buckets=None)
                 return entry
             return (entry[0], register_fragment(registration), *entry[2:])
     metrics.inc("lowerings")
-    eager_buckets.note_lowering(name, values)
+    for fn in _on_lowering:
+        fn(name, values)
     slots = [tuple(p) for p in runtime_slots]
-    if buckets is not None and buckets[0] == "sym":  # a varying inner size
-        entry, registration = eager_symbolic.lower(name, values, slots, storages, device, *buckets[1:])
-    elif buckets is not None:
-        entry, registration = eager_buckets.lower(name, values, slots, storages, device, *buckets)
+    if buckets is not None:
+        kind, extra = ("sym", buckets[1:]) if buckets[0] == "sym" else ("rows", buckets)
+        entry, registration = LOWERERS[kind](name, values, slots, storages, device, *extra)
     else:
-        call = _Call(name, values, True, slots, storages, device)
+        call = Call(name, values, True, slots, storages, device)
         try:
             entry = call.entry()
-        except _Python:
+        except NeedsPython:
             entry, call.registration = ("python",), None
         registration = call.registration
     if key is not None:
@@ -382,7 +355,7 @@ def python_kernel(name, values):
             else:
                 args.append(v)
         return direct(*args, **kwargs)
-    return _Call(name, values, False).execute()
+    return Call(name, values, False).execute()
 
 
 # -- the kernels to register ---------------------------------------------------------------------------------
@@ -438,25 +411,23 @@ _lib = None
 _registered: set[str] = set()
 
 
-def _cpp_name(name):
+def cpp_name(name):
     return name[: -len(".default")] if name.endswith(".default") else name
 
 
 def register_all():
+    """Registers every op with a rule as the C++ kernel, and the Python kernels of DIRECT."""
     global _lib
-    from . import fallback
-
     KERNELS.update(_collect())
-    _C._register_kernels([_cpp_name(n) for n in KERNELS])
+    _C._register_kernels([cpp_name(n) for n in KERNELS])
     # the C++ kernel names a default overload without ".default"
     KERNELS.update({n[: -len(".default")]: v for n, v in list(KERNELS.items()) if n.endswith(".default")})
     _registered.update(KERNELS)
     _lib = torch.library.Library("aten", "IMPL")
     for name, fn in DIRECT.items():
         if name not in KERNELS:  # the C++ kernel calls the ones that also have a rule (copy_)
-            _lib.impl(_cpp_name(name), untraced(fn), "PrivateUse1")
+            _lib.impl(cpp_name(name), untraced(fn), "PrivateUse1")
         _registered.add(name)
-    fallback.register()
 
 
 def registered_ops() -> set[str]:

@@ -22,6 +22,9 @@ from __future__ import annotations
 import collections
 import threading
 
+from . import _C
+from .errors import user_line
+
 _lock = threading.Lock()
 _counters: collections.Counter = collections.Counter()
 _floats: dict[str, float] = collections.defaultdict(float)
@@ -45,7 +48,6 @@ def get(name: str) -> int:
 
 
 def host_sync(cause: str) -> None:
-    from .errors import user_line
 
     with _lock:
         _counters["host_syncs"] += 1
@@ -54,7 +56,6 @@ def host_sync(cause: str) -> None:
 
 
 def counters() -> dict:
-    from . import _C
 
     with _lock:
         out = dict(_counters)
@@ -73,7 +74,6 @@ def counters() -> dict:
 
 
 def reset() -> None:
-    from . import _C
 
     with _lock:
         _counters.clear()

@@ -28,7 +28,7 @@ import os
 import pickle
 import threading
 
-from . import metrics
+from . import cache, config, errors, metrics, runtime
 
 MAGIC = b"torchtpu-optable-v1\n"
 _lock = threading.Lock()
@@ -53,13 +53,12 @@ def _code_hash() -> str:
 def _setup() -> bool:
     if "dir" in _state:
         return _state["dir"] is not None
-    from . import cache, runtime
 
-    d = cache.disk_dir() if os.environ.get("TORCHTPU_OPTABLE", "1") != "0" else None
+    d = cache.disk_dir() if config.get("optable") else None
     _state["dir"] = d
     if d is None:
         return False
-    context = cache._context_key(runtime.get()) + "|" + _code_hash()
+    context = cache.context_key(runtime.get()) + "|" + _code_hash()
     _state["context"] = context
     _state["path"] = os.path.join(d, f"optable-{hashlib.sha256(context.encode()).hexdigest()[:24]}.bin")
     _state["known"] = _read(_state["path"], context)
@@ -80,7 +79,6 @@ class _Unpickler(pickle.Unpickler):
                 issubclass(getattr(builtins, name), BaseException):
             return getattr(builtins, name)
         if module == "torchtpu.errors":
-            from . import errors
 
             obj = getattr(errors, name, None)
             if isinstance(obj, type) and issubclass(obj, BaseException):
@@ -89,7 +87,6 @@ class _Unpickler(pickle.Unpickler):
 
 
 def _read(path: str, context: str) -> dict:
-    from . import cache
 
     got = cache.read_entry(path, MAGIC, context)
     if got is None:
@@ -99,7 +96,7 @@ def _read(path: str, context: str) -> dict:
         if not isinstance(table, dict):
             raise pickle.UnpicklingError("not a table")
     except Exception as e:  # noqa: BLE001 (checked bytes that do not load: start afresh)
-        cache._bad_entry(path, f"does not load ({type(e).__name__}: {e})")
+        cache.bad_entry(path, f"does not load ({type(e).__name__}: {e})")
         return {}
     metrics.inc("optable.loaded", len(table))
     return table
@@ -107,7 +104,6 @@ def _read(path: str, context: str) -> dict:
 
 def save() -> None:
     """Writes what this process lowered (merged with the file as it is now). Runs at exit."""
-    from . import cache
 
     with _lock:
         new = _state.get("new")

@@ -6,12 +6,12 @@ memory. jaxlib releases the GIL while compiling and executing.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
 import torch
 
+from . import config
 from . import dtypes as D
 
 _PLATFORMS = ("cpu", "tpu", "cuda")
@@ -19,7 +19,7 @@ _PLATFORMS = ("cpu", "tpu", "cuda")
 
 class JaxlibRuntime:
     def __init__(self, platform: str | None = None):
-        platform = platform or os.environ.get("TORCHTPU_PLATFORM", "cpu")
+        platform = platform or config.get("platform")
         if platform not in _PLATFORMS:
             raise ValueError(f"TORCHTPU_PLATFORM={platform!r}: expected one of {', '.join(_PLATFORMS)}")
         self.platform = platform
@@ -37,8 +37,8 @@ class JaxlibRuntime:
 
             jax.config.update("jax_enable_x64", True)  # int64/float64 keep their width
             jax.config.update("jax_platforms", self.platform)
-            if self.platform == "cpu" and "TORCHTPU_NUM_CPU_DEVICES" in os.environ:
-                jax.config.update("jax_num_cpu_devices", int(os.environ["TORCHTPU_NUM_CPU_DEVICES"]))
+            if self.platform == "cpu" and config.given("num_cpu_devices"):
+                jax.config.update("jax_num_cpu_devices", config.get("num_cpu_devices"))
             from jax.extend.backend import get_backend
 
             self._jax = jax
@@ -53,7 +53,7 @@ class JaxlibRuntime:
 
     def device_count(self) -> int:
         if self.platform == "cpu" and self._backend is None:
-            return int(os.environ.get("TORCHTPU_NUM_CPU_DEVICES", "1"))
+            return config.get("num_cpu_devices")
         return len(self.devices())
 
     def devices(self):

@@ -22,12 +22,14 @@ from . import _C, checks
 from . import emit as E
 from . import views as V
 from .errors import describe, user_line
-from .hlo import Fn, Value, tensor_type
+from .hlo import Fn, Value
 
-# How a runtime scalar travels (csrc/graph/fragment.h ScalarKind)
-FLOAT, INT, BOOL, COMPLEX, RNG = 0, 1, 2, 3, 4
-# Where its value comes from (csrc/executor/entry.h ScalarSource)
-FROM_ARG, FROM_CPU_TENSOR, FROM_RNG, FROM_ROWS = 0, 1, 2, 3
+# How a runtime scalar travels, and where its value comes from (csrc/core/kinds.h ScalarKind, SourceKind)
+FLOAT, INT, BOOL, COMPLEX, RNG = (k.value for k in (_C.ScalarKind.float, _C.ScalarKind.int, _C.ScalarKind.bool,
+                                                    _C.ScalarKind.complex, _C.ScalarKind.rng))
+FROM_ARG, FROM_CPU_TENSOR, FROM_RNG, FROM_ROWS, FROM_SYM = (
+    k.value for k in (_C.SourceKind.arg, _C.SourceKind.cpu_tensor, _C.SourceKind.rng, _C.SourceKind.rows,
+                      _C.SourceKind.sym))
 
 
 class RuntimeScalar:
@@ -266,7 +268,7 @@ class Trace:
         return v
 
     def rows(self, cls: int) -> Value:
-        """The valid row count of bucketed row class `cls` (torchtpu/eager_buckets.py) as an int64 runtime parameter."""
+        """The valid row count of bucketed row class `cls` (torchtpu/shapes/eager_buckets.py) as an int64 runtime parameter."""
         if cls not in self._rows:
             v = self.fn.param((), torch.int64)
             self._scalars.append((v, INT, (FROM_ROWS, (cls, -1), 0)))

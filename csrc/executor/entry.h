@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/kinds.h"
+
 namespace torchtpu {
 
 struct ArgPath {  // an argument of the op, or an element of a list argument
@@ -16,8 +18,7 @@ struct ArgPath {  // an argument of the op, or an element of a list argument
 };
 
 struct ScalarSource {
-  enum Kind : uint8_t { kArg = 0, kCpuTensor = 1, kRng = 2, kRows = 3, kSym = 4 };
-  Kind kind = kArg;
+  SourceKind kind = SourceKind::kArg;
   ArgPath path;            // kArg, kCpuTensor; kRng: the generator argument (arg -1: the device's default);
                            // kRows: path.arg is the row class whose valid row count the op reads;
                            // kSym: the call's varying inner size L
@@ -25,8 +26,7 @@ struct ScalarSource {
 };
 
 struct OutputSpec {
-  enum Kind : uint8_t { kNew = 0, kArg = 1, kNone = 2 };
-  Kind kind = kNone;
+  OutputKind kind = OutputKind::kNone;
   ArgPath path;                  // kArg: the argument returned (in-place and out= ops)
   std::vector<int64_t> sizes;    // kNew
   std::vector<int64_t> strides;
@@ -48,15 +48,13 @@ struct ResultTarget {  // a fragment result becomes the value of ...
 
 struct Entry {
   // kExact: a bucketed signature the rules do not take bucketed; the op is keyed again at its exact sizes
-  enum Kind : uint8_t { kProgram = 0, kPython = 1, kExact = 2 };
-  Kind kind = kProgram;
+  EntryKind kind = EntryKind::kProgram;
   int32_t fragment = -1;                  // -1: nothing to compute (outputs are empty)
   std::vector<int32_t> storage_params;    // per fragment storage parameter: the argument storage index
   std::vector<ScalarSource> scalar_params;
   std::vector<ResultTarget> results;
   std::vector<OutputSpec> outputs;
-  enum Returns : uint8_t { kSingle = 0, kTuple = 1, kList = 2, kNothing = 3 };
-  Returns returns = kSingle;
+  Returns returns = Returns::kSingle;
   std::vector<ArgPath> value_slots;       // Scalar arguments whose value the rule looked at (keyed by value)
   // out= arguments that arrive empty and are resized to these sizes first (arange(n) -> arange.start_out)
   std::vector<std::pair<ArgPath, std::vector<int64_t>>> resizes;

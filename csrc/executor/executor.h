@@ -15,15 +15,16 @@
 #include <utility>
 #include <vector>
 
+#include "core/kinds.h"
+
 struct _object;
 
 namespace torchtpu {
 
-enum class Mode : int { kStrict = 0, kDebug = 1, kFused = 2 };
 void set_mode(Mode m);
 Mode get_mode();
 
-// Eager bucketed rows (torchtpu/eager_buckets.py): whether signatures look for bucketed tensors, and a storage's
+// Eager bucketed rows (torchtpu/shapes/eager_buckets.py): whether signatures look for bucketed tensors, and a storage's
 // valid rows (rows < 0: not bucketed). rows_of: (rows, row bytes) of t's storage.
 // Eager bucketing on or off, and the policy's bucket sizes (empty: powers of two) for uploads whose dim 0 varies.
 void set_eager_buckets(bool on, std::vector<int64_t> row_buckets);
@@ -58,7 +59,7 @@ _object* storage_buffer(const at::Tensor& t, int cause);
 void set_storage_buffer(const at::Tensor& t, _object* array, at::ScalarType dtype, const std::vector<int64_t>& shape);
 // The host copy of t's storage value (DeviceBuffer::host) as a flat CPU tensor; undefined when there is none.
 at::Tensor storage_host_values(const at::Tensor& t);
-// Uploads of at most this many bytes keep their host copy (0: none; torchtpu/buckets.py sets it with the policy).
+// Uploads of at most this many bytes keep their host copy (0: none; torchtpu/shapes/eager_buckets.py sets it with the policy).
 void set_upload_host_copies(int64_t max_bytes);
 // (shape, dtype) of t's storage's value, or false when empty.
 bool storage_value_type(const at::Tensor& t, std::vector<int64_t>* shape, at::ScalarType* dtype);

@@ -472,13 +472,7 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
     want_cut = record(node, mode == Mode::kFused);
     program_cut = mode == Mode::kFused && program_cut_wanted(p.device, p.ops);  // counts every program
   }
-  if (mode != Mode::kFused) {
-    cut(p.device, CutCause::kOp, mode == Mode::kDebug);
-  } else if (want_cut) {
-    cut(p.device, CutCause::kRepeat);
-  } else if (program_cut) {
-    cut(p.device, CutCause::kProgram);
-  }
+  after_record(p.device, mode, want_cut, program_cut);
   return outs;
 }
 

@@ -31,6 +31,9 @@ struct ChunkBody {
   std::string value(const Chunk& c, int32_t node, int32_t result) const;
 };
 ChunkBody chunk_body(const Chunk& c, int64_t nf, int64_t ni, bool baked);
+// The chunk's module: @main calls each node's fragment, with the scalars unpacked from the two vectors (nf float64
+// and ni int64 scalars).
+std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni);
 
 // Detaches every pending node of the device (caller holds the cut lock and exec_mutex()); with `capture`, the
 // device's capture ends and the window of the repeated-structure rule is cleared.

@@ -7,18 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/kinds.h"
 #include "core/storage.h"
 
 namespace torchtpu {
-
-// How a runtime scalar travels: packed into the chunk's float64 or int64 vector and converted in the program.
-enum class ScalarKind : uint8_t {
-  kFloat = 0,    // one f64 entry, converted to the parameter's float type
-  kInt = 1,      // one i64 entry, converted to the parameter's integer type
-  kBool = 2,     // one i64 entry, != 0
-  kComplex = 3,  // two f64 entries (real, imaginary)
-  kRng = 4,      // two i64 entries, the generator's (seed, offset), bitcast to tensor<2xui64>
-};
 
 struct ScalarParam {
   ScalarKind kind;

@@ -6,24 +6,10 @@
 #include <atomic>
 #include <cstdint>
 
+#include "core/kinds.h"
 #include "graph/node.h"
 
 namespace torchtpu {
-
-enum class CutCause : int {
-  kOp = 0,         // strict and debug: after every op
-  kHostRead,       // .item(), .cpu(), printing, a host copy
-  kSync,           // torchtpu.sync(), torch.tpu.synchronize()
-  kSizeCap,        // the pending graph reached TORCHTPU_FUSED_MAX_OPS
-  kRepeat,         // the repeated-structure rule: a period of the op sequence ended
-  kModeSwitch,
-  kFallback,       // a CPU fallback or Python kernel reads values
-  kDataDependent,  // an output size depends on values
-  kCollective,     // a collective (torchtpu/distributed.py) reads its inputs' buffers
-  kProgram,        // fused: a compiled graph's program node of TORCHTPU_FUSED_PROGRAM_CUT_OPS ops or more launches now
-  kCount
-};
-const char* cut_cause_name(CutCause c);
 
 // A node of the fragment on the device: no inputs or scalars yet, no storage holding its results.
 NodePtr new_node(int32_t fragment, c10::DeviceIndex device);
@@ -37,6 +23,10 @@ bool record(const NodePtr& node, bool fused);
 // with exec_mutex() held. Throws the chunk's failure.
 void cut(c10::DeviceIndex device, CutCause cause, bool wait = false);
 void cut_all(CutCause cause);
+// The one cut policy after recording a node (record()'s caller, without exec_mutex()): strict and debug launch it at
+// once (debug waits for it), fused launches when recording asked for a cut (size cap, repeated structure:
+// want_cut) or, for a compiled graph's program node, when program_cut says it runs alone instead of fusing.
+void after_record(c10::DeviceIndex device, Mode mode, bool want_cut, bool program_cut = false);
 // A host read of `target`'s result: launches its pending ancestors as one chunk, then everything else pending as
 // another, so that the read waits for what it needs while the rest runs (the next step records meanwhile).
 void cut_for_read(c10::DeviceIndex device, const Node* target, CutCause cause);

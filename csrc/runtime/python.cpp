@@ -56,11 +56,11 @@ Entry entry_from_py(py::handle obj) {
   auto t = obj.cast<py::tuple>();
   const auto kind = t[0].cast<std::string>();
   if (kind == "python") {
-    e.kind = Entry::kPython;
+    e.kind = EntryKind::kPython;
     return e;
   }
   if (kind == "exact") {
-    e.kind = Entry::kExact;
+    e.kind = EntryKind::kExact;
     return e;
   }
   TORCH_INTERNAL_ASSERT(kind == "program", "tpu: the lowering returned ", kind);
@@ -69,7 +69,7 @@ Entry entry_from_py(py::handle obj) {
   for (auto s : t[3].cast<py::list>()) {
     auto st = s.cast<py::tuple>();
     ScalarSource src;
-    src.kind = static_cast<ScalarSource::Kind>(st[0].cast<int>());
+    src.kind = static_cast<SourceKind>(st[0].cast<int>());
     src.path = {st[1].cast<int32_t>(), st[2].cast<int32_t>()};
     src.increment = st[3].cast<int64_t>();
     e.scalar_params.push_back(src);
@@ -85,9 +85,9 @@ Entry entry_from_py(py::handle obj) {
   for (auto o : t[5].cast<py::list>()) {
     auto ot = o.cast<py::tuple>();
     OutputSpec spec;
-    spec.kind = static_cast<OutputSpec::Kind>(ot[0].cast<int>());
+    spec.kind = static_cast<OutputKind>(ot[0].cast<int>());
     spec.path = {ot[1].cast<int32_t>(), ot[2].cast<int32_t>()};
-    if (spec.kind == OutputSpec::kNew) {
+    if (spec.kind == OutputKind::kNew) {
       spec.sizes = ot[3].cast<std::vector<int64_t>>();
       spec.strides = ot[4].cast<std::vector<int64_t>>();
       spec.dtype = ot[5].cast<at::ScalarType>();
@@ -99,7 +99,7 @@ Entry entry_from_py(py::handle obj) {
     }
     e.outputs.push_back(std::move(spec));
   }
-  e.returns = static_cast<Entry::Returns>(t[6].cast<int>());
+  e.returns = static_cast<Returns>(t[6].cast<int>());
   for (auto p : t[7].cast<py::list>()) e.value_slots.push_back(path_of(p));
   e.capture_line = t[8].cast<bool>();
   for (auto r : t[9].cast<py::list>()) {

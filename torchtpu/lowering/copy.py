@@ -9,7 +9,7 @@ from .. import executor as X
 from .. import metrics, runtime
 from .. import views as V
 from ..errors import op_error
-from ..kernels import device_index as _device_index
+from ..arguments import device_index as _device_index
 from ..tables import direct, inplace_lowering
 
 
@@ -28,7 +28,7 @@ def _copy_between_devices(dst: torch.Tensor, src: torch.Tensor) -> None:
     tr = X.direct_trace("copy_", src.device.index or 0)
     tr.write(tmp, _stored(E.convert(tr.read_value(src), dst.dtype), dst))
     tr.record()
-    buf = runtime.get().move(X.buffer_of(tmp, X.CUT_HOST_READ), dst.device.index or 0)
+    buf = runtime.get().move(X.buffer_of(tmp, X.Cut.host_read), dst.device.index or 0)
     metrics.inc("transfers.d2d")
     metrics.inc("bytes.d2d", dst.numel() * dst.element_size())
     _write_buffer(dst, buf)

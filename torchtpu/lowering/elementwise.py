@@ -14,7 +14,7 @@ def _out_dtype(tr):
     return out_meta(tr).dtype
 
 
-def _operand(tr, x, dtype):
+def operand(tr, x, dtype):
     """Value or Python scalar -> Value of dtype."""
     if isinstance(x, E.Value):
         return E.convert(x, dtype)
@@ -91,10 +91,10 @@ def reciprocal(tr, x):
 def erf(tr, x):
     # NOTE: stablehlo has no erf op (it is a chlo op), so it is written out here.
     x = E.convert(x, _out_dtype(tr))
-    return _erf(x)
+    return erf_value(x)
 
 
-def _erf(x):
+def erf_value(x):
     """erf with max error ~1.2e-7 (Numerical Recipes erfc Chebyshev fit), computed in f32/f64."""
     fn = x.fn
     dt = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
@@ -113,7 +113,7 @@ def _erf(x):
     return E.convert(r, x.dtype)
 
 
-def _half_in_f32(rule):
+def half_in_f32(rule):
     """Computes a float16/bfloat16 rule in float32 and rounds once, as CPU's opmath kernels do."""
 
     def wrapped(tr, *args, **kwargs):
@@ -130,9 +130,9 @@ def _half_in_f32(rule):
 def _binary(hlo_name, with_alpha=False):
     def rule(tr, a, b, alpha=1):
         dt = _out_dtype(tr)
-        av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
+        av, bv = operand(tr, a, dt), operand(tr, b, dt)
         if with_alpha and alpha != 1:
-            bv = E.mul(bv, _operand(tr, alpha, dt))
+            bv = E.mul(bv, operand(tr, alpha, dt))
         if dt == torch.bool and hlo_name in ("add", "multiply"):
             return E.binary("or" if hlo_name == "add" else "and", av, bv)
         return E.binary(hlo_name, av, bv)
@@ -143,7 +143,7 @@ def _binary(hlo_name, with_alpha=False):
 def _half_operands_rounded(rule):
     """add/sub in float16/bfloat16 as CPU: the operands (a Python scalar, a wider 0-d tensor) and alpha are
     rounded to the dtype first, then `a + alpha * b` is computed in float32 and rounded once."""
-    inner = _half_in_f32(rule)
+    inner = half_in_f32(rule)
 
     def wrapped(tr, a, b, alpha=1):
         dt = _out_dtype(tr)
@@ -159,7 +159,7 @@ def _half_operands_rounded(rule):
 # Python scalar (or a wider 0-d tensor) at float32; add and sub round it (and alpha) to the dtype first.
 lowering("add.Tensor", "add.Scalar")(_half_operands_rounded(_binary("add", True)))
 lowering("sub.Tensor", "sub.Scalar")(_half_operands_rounded(_binary("subtract", True)))
-lowering("mul.Tensor", "mul.Scalar")(_half_in_f32(_binary("multiply")))
+lowering("mul.Tensor", "mul.Scalar")(half_in_f32(_binary("multiply")))
 lowering("maximum")(_binary("maximum"))
 lowering("minimum")(_binary("minimum"))
 lowering("bitwise_and.Tensor", "bitwise_and.Scalar", "logical_and")(_binary("and"))
@@ -171,13 +171,13 @@ lowering("bitwise_xor.Tensor", "bitwise_xor.Scalar", "logical_xor")(_binary("xor
 @_half_operands_rounded
 def rsub(tr, a, b, alpha=1):
     dt = _out_dtype(tr)
-    av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
+    av, bv = operand(tr, a, dt), operand(tr, b, dt)
     if alpha != 1:
-        av = E.mul(av, _operand(tr, alpha, dt))
+        av = E.mul(av, operand(tr, alpha, dt))
     return E.sub(bv, av)
 
 
-def _floor_div_int(a, b):
+def floor_div_int(a, b):
     """Integer floor division (Python/torch semantics) from truncating division."""
     q = E.div(a, b)
     zero = E.const(a.fn, 0, a.dtype)
@@ -194,9 +194,9 @@ def div(tr, a, b, rounding_mode=None):
         # As CPU: the float32 quotient (a scalar kept at float32) is rounded once; trunc truncates the rounded
         # quotient, floor works on the float32 values.
         if rounding_mode == "trunc":
-            return _trunc(_half_in_f32(div)(tr, a, b))
-        return _half_in_f32(div)(tr, a, b, rounding_mode)
-    av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
+            return _trunc(half_in_f32(div)(tr, a, b))
+        return half_in_f32(div)(tr, a, b, rounding_mode)
+    av, bv = operand(tr, a, dt), operand(tr, b, dt)
     if rounding_mode is None:
         return E.div(av, bv)
     if rounding_mode == "trunc":
@@ -204,7 +204,7 @@ def div(tr, a, b, rounding_mode=None):
         return _trunc(q) if dt.is_floating_point else q
     if dt.is_floating_point:
         return _floor_div_float(av, bv)
-    return _floor_div_int(av, bv)
+    return floor_div_int(av, bv)
 
 
 def _trunc(q):
@@ -229,7 +229,7 @@ def _floor_div_float(a, b):
 @lowering("remainder.Tensor", "remainder.Scalar")
 def remainder(tr, a, b):
     dt = _out_dtype(tr)
-    av, bv = _operand(tr, a, dt), _operand(tr, b, dt)
+    av, bv = operand(tr, a, dt), operand(tr, b, dt)
     r = E.binary("remainder", av, bv)
     zero = E.const(r.fn, 0, dt)
     fix = E.binary("and", E.compare(r, zero, "NE"), E.compare(E.compare(r, zero, "LT"), E.compare(bv, zero, "LT"), "NE"))
@@ -239,7 +239,7 @@ def remainder(tr, a, b):
 @lowering("fmod.Tensor", "fmod.Scalar")
 def fmod(tr, a, b):
     dt = _out_dtype(tr)
-    return E.binary("remainder", _operand(tr, a, dt), _operand(tr, b, dt))
+    return E.binary("remainder", operand(tr, a, dt), operand(tr, b, dt))
 
 
 @lowering("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
@@ -248,24 +248,24 @@ def pow_(tr, a, b):
     # 0.30078125); unlike add/mul, pow does not keep a float32 scalar.
     dt = _out_dtype(tr)
     if not isinstance(b, E.Value) and b == 2:
-        av = _operand(tr, a, dt)
+        av = operand(tr, a, dt)
         return E.mul(av, av)
     if not isinstance(b, E.Value) and b == 0.5 and dt.is_floating_point:
-        return E.unary("sqrt", _operand(tr, a, dt))
-    return E.binary("power", _operand(tr, a, dt), _operand(tr, b, dt))
+        return E.unary("sqrt", operand(tr, a, dt))
+    return E.binary("power", operand(tr, a, dt), operand(tr, b, dt))
 
 
 @lowering("atan2")
 def atan2(tr, a, b):
     dt = _out_dtype(tr)
-    return E.binary("atan2", _operand(tr, a, dt), _operand(tr, b, dt))
+    return E.binary("atan2", operand(tr, a, dt), operand(tr, b, dt))
 
 
 # -- comparisons ----------------------------------------------------------------------------------
 def _cmp(direction):
     def rule(tr, a, b):
         dt = _promote_for_compare(tr, a, b)
-        return E.compare(_operand(tr, a, dt), _operand(tr, b, dt), direction)
+        return E.compare(operand(tr, a, dt), operand(tr, b, dt), direction)
 
     return rule
 
@@ -293,15 +293,15 @@ def isinf(tr, x):
 @lowering("where.self")
 def where(tr, cond, a, b):
     dt = _out_dtype(tr)
-    return E.select(E.convert(cond, torch.bool), _operand(tr, a, dt), _operand(tr, b, dt))
+    return E.select(E.convert(cond, torch.bool), operand(tr, a, dt), operand(tr, b, dt))
 
 
 @lowering("clamp", "clamp.Tensor")
 def clamp(tr, x, min=None, max=None):
     dt = _out_dtype(tr)
     xv = E.convert(x, dt)
-    lo = None if min is None else _operand(tr, min, dt)
-    hi = None if max is None else _operand(tr, max, dt)
+    lo = None if min is None else operand(tr, min, dt)
+    hi = None if max is None else operand(tr, max, dt)
     return E.clamp(xv, lo, hi)
 
 
@@ -318,18 +318,18 @@ def clamp_max(tr, x, max):
 @lowering("masked_fill.Scalar", "masked_fill.Tensor")
 def masked_fill(tr, x, mask, value):
     dt = _out_dtype(tr)
-    return E.select(E.convert(mask, torch.bool), _operand(tr, value, dt), x)
+    return E.select(E.convert(mask, torch.bool), operand(tr, value, dt), x)
 
 
 @lowering("lerp.Scalar", "lerp.Tensor")
 def lerp(tr, a, b, w):
     dt = _out_dtype(tr)
     av, bv = E.convert(a, dt), E.convert(b, dt)
-    return E.add(av, E.mul(_operand(tr, w, dt), E.sub(bv, av)))
+    return E.add(av, E.mul(operand(tr, w, dt), E.sub(bv, av)))
 
 
 @lowering("addcmul")
-@_half_in_f32
+@half_in_f32
 def addcmul(tr, x, t1, t2, value=1):
     dt = _out_dtype(tr)
     prod = E.mul(E.convert(t1, dt), E.convert(t2, dt))
@@ -337,7 +337,7 @@ def addcmul(tr, x, t1, t2, value=1):
 
 
 @lowering("addcdiv")
-@_half_in_f32
+@half_in_f32
 def addcdiv(tr, x, t1, t2, value=1):
     dt = _out_dtype(tr)
     q = E.div(E.convert(t1, dt), E.convert(t2, dt))
@@ -370,7 +370,7 @@ def signbit(tr, x):
 @lowering("erfc")
 def erfc(tr, x):
     x = E.convert(x, _out_dtype(tr))
-    return E.sub(E.const(x.fn, 1.0, x.dtype, x.shape), _erf(x))
+    return E.sub(E.const(x.fn, 1.0, x.dtype, x.shape), erf_value(x))
 
 
 @lowering("round.decimals")

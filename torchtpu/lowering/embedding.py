@@ -7,11 +7,11 @@ the weight row of the first maximum of each bag and column (0 for an empty bag).
 """
 from __future__ import annotations
 
-import torch
 
 from .. import emit as E
 from .. import jaxfn
 from ..tables import inplace_lowering, lowering, out_meta
+from .indexing import checked
 
 SUM, MEAN, MAX = 0, 1, 2
 
@@ -56,7 +56,6 @@ def embedding_bag(tr, weight, indices, offsets, scale_grad_by_freq=False, mode=S
         return total, o2b, jnp.zeros_like(cnt), jnp.zeros_like(cnt)
 
     if n:
-        from .indexing import checked
 
         rows = weight.shape[0]
         indices = checked(tr, E.reshape(indices, (n,)), rows, negative=False, exc=RuntimeError,

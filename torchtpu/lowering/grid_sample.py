@@ -6,7 +6,6 @@ and grid gradients come from one definition.
 """
 from __future__ import annotations
 
-import torch
 
 from .. import emit as E
 from .. import jaxfn

@@ -4,7 +4,12 @@ from __future__ import annotations
 import torch
 
 from .. import emit as E
-from ..tables import PREPROCESS, inplace_lowering, lowering, out_meta as _meta
+from .. import executor as _X
+from .. import jaxfn
+from .. import metrics as _metrics
+from ..tables import direct, inplace_lowering, lowering, out_meta as _meta
+from .elementwise import floor_div_int
+from .reduction import init_value
 
 
 def _wrap(idx, size):
@@ -192,28 +197,7 @@ def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_
 
 
 # -- data-dependent output shapes: the host learns the size (a counted host sync) -------------------
-from .. import eager_buckets as _eager_buckets  # noqa: E402
-from .. import executor as _X  # noqa: E402
-from .. import metrics as _metrics  # noqa: E402
-from ..tables import direct  # noqa: E402
-
-
-@direct("nonzero")
-def nonzero(self):
-    _metrics.inc("op.nonzero")
-    idx = torch.nonzero(_X.read_host(self, "nonzero"))
-    # the count's bucket (sticky per input shape): later ops compile once per bucket, not once per count
-    return _eager_buckets.rows_tensor(idx, self.device, ("nonzero", tuple(self.shape), self.dtype), self.numel())
-
-
-@direct("masked_select")
-def masked_select(self, mask):
-    _metrics.inc("op.masked_select")
-    shape = torch.broadcast_shapes(self.shape, mask.shape)
-    m = _X.read_host(mask.expand(shape) if mask.device.type == "tpu" else mask.expand(shape).to(self.device), "masked_select")
-    flat_idx = _eager_buckets.rows_tensor(torch.nonzero(m.reshape(-1)).reshape(-1), self.device,
-                                          ("masked_select", shape), m.numel())
-    return self.expand(shape).reshape(-1).index_select(0, flat_idx)
+# (nonzero and masked_select, whose results are bucketed rows: shapes/data_dependent.py)
 
 
 @direct("bincount")
@@ -262,23 +246,7 @@ def repeat_interleave(repeats, output_size=None):
     return torch.searchsorted(ends, pos, right=True).to(repeats.dtype)
 
 
-def _masks_to_indices(args, kwargs):
-    """Boolean mask indices become the long indices of their true elements (a host sync, as on cuda)."""
-    x, indices, *rest = args
-    if not any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
-        return args, kwargs
-    out = []
-    for i in indices:
-        if i is not None and i.dtype in (torch.bool, torch.uint8):
-            out.extend(nonzero(i).unbind(1))
-        else:
-            out.append(i)
-    return (x, out, *rest), kwargs
-
-
-PREPROCESS["index.Tensor"] = _masks_to_indices
-PREPROCESS["index_put"] = _masks_to_indices
-PREPROCESS["_index_put_impl_"] = _masks_to_indices
+# (boolean-mask indices become long indices in shapes/data_dependent.py: nonzero's bucketed rows)
 
 
 @inplace_lowering("_index_put_impl_")
@@ -310,12 +278,11 @@ def roll(tr, x, shifts, dims=()):
     return x
 
 
-_SCATTER_COMBINE = {"sum": "add", "prod": "multiply", "amax": "maximum", "amin": "minimum", "mean": "add"}
+SCATTER_COMBINE = {"sum": "add", "prod": "multiply", "amax": "maximum", "amin": "minimum", "mean": "add"}
 
 
 @lowering("scatter_reduce.two")
 def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
-    from .reduction import _init
 
     dim = dim % max(x.rank, 1)
     if index.numel == 0:
@@ -323,7 +290,7 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
     if x.rank == 0:
         x1 = E.reshape(x, (1,))
         return E.reshape(scatter_reduce(tr, x1, 0, E.reshape(index, (1,)), E.reshape(src, (1,)), reduce, include_self), ())
-    kind = _SCATTER_COMBINE[reduce]
+    kind = SCATTER_COMBINE[reduce]
     coords = _full_indices(checked(tr, index, x.shape[dim], negative=False, exc=RuntimeError, dim=dim), dim, x.rank)
     n = index.numel
     src_v = E.convert(src, x.dtype)
@@ -336,7 +303,7 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
 
     if x.dtype == torch.bool:  # sums and maxima of booleans are "or", products and minima "and"
         kind = {"add": "or", "multiply": "and", "maximum": "or", "minimum": "and"}[kind]
-    ident = _init(x.fn, kind, x.dtype)
+    ident = init_value(x.fn, kind, x.dtype)
     touched = scat(E.const(x.fn, False, torch.bool, x.shape), E.const(x.fn, True, torch.bool, (n,)), None)
     base = x if include_self else E.select(touched, E.broadcast_to(ident, x.shape), x)
     out = scat(base, src_v, f"stablehlo.{kind}")
@@ -348,9 +315,8 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
         if x.dtype.is_floating_point:
             out = E.div(out, cntv)
         else:
-            from .elementwise import _floor_div_int
 
-            out = _floor_div_int(out, cntv)
+            out = floor_div_int(out, cntv)
     return out
 
 
@@ -393,7 +359,6 @@ def scatter_legacy_reduce(tr, x, dim, index, src, reduce):
 @lowering("masked_scatter")
 def masked_scatter(tr, x, mask, source):
     """Mask positions take source's elements in order: the k-th true element takes source.flatten()[k]."""
-    from .. import jaxfn
 
     if mask.dtype != torch.bool:
         raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
@@ -423,7 +388,6 @@ def masked_scatter(tr, x, mask, source):
 @lowering("index_add")
 def index_add(tr, x, dim, index, source, alpha=1):
     """x with source's slices added at index along dim (duplicates accumulate)."""
-    from .. import jaxfn
 
     if index.numel == 0:
         return x

@@ -94,7 +94,7 @@ def addr(tr, x, v1, v2, beta=1, alpha=1):
 
 
 # -- grouped matrix products (mixture-of-experts layers: transformers' grouped_mm experts) -------------------------
-def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
+def grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
     """torch's meta kernel for _grouped_mm checks CUDA's constraints (bfloat16 only, 16-byte strides); these are
     CPU's: any float dtype, int32 offsets when a 2-d operand is grouped. torch.compile's fake tensors use it too
     (compile.py registers it for tpu tensors)."""
@@ -127,7 +127,7 @@ def _grouped_mm_meta(a, b, offs=None, bias=None, out_dtype=None):
     return torch.empty(shape, dtype=out_dtype or a.dtype, device="meta")
 
 
-META["_grouped_mm"] = _grouped_mm_meta
+META["_grouped_mm"] = grouped_mm_meta
 
 
 def _ragged(mode, op_dt, acc, out_dt):

@@ -8,8 +8,8 @@ import torch
 
 from .. import emit as E
 from ..tables import META, lowering, out_meta as _meta
-from .elementwise import _erf
-from .elementwise import _half_in_f32 as _in_acc  # activation rules: halves computed in float32, rounded once
+from .elementwise import erf_value
+from .elementwise import half_in_f32 as _in_acc  # activation rules: halves computed in float32, rounded once
 from .reduction import reduce
 
 
@@ -77,7 +77,7 @@ def _gelu(x, approximate):
     if approximate == "tanh":
         inner = E.mul(_c(x, math.sqrt(2 / math.pi)), E.add(x, E.mul(_c(x, 0.044715), E.mul(x, E.mul(x, x)))))
         return E.mul(E.mul(_c(x, 0.5), x), E.add(_c(x, 1.0), E.unary("tanh", inner)))
-    return E.mul(E.mul(_c(x, 0.5), x), E.add(_c(x, 1.0), _erf(E.mul(x, _c(x, 1 / math.sqrt(2))))))
+    return E.mul(E.mul(_c(x, 0.5), x), E.add(_c(x, 1.0), erf_value(E.mul(x, _c(x, 1 / math.sqrt(2))))))
 
 
 @lowering("gelu")
@@ -99,7 +99,7 @@ def gelu_backward(tr, grad, x, approximate="none"):
         d = E.add(E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), t)),
                   E.mul(E.mul(_c(xv, 0.5), xv), E.mul(E.sub(_c(xv, 1.0), E.mul(t, t)), dinner)))
     else:
-        cdf = E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), _erf(E.mul(xv, _c(xv, 1 / math.sqrt(2))))))
+        cdf = E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), erf_value(E.mul(xv, _c(xv, 1 / math.sqrt(2))))))
         pdf = E.mul(_c(xv, 1 / math.sqrt(2 * math.pi)), E.unary("exponential", E.mul(_c(xv, -0.5), E.mul(xv, xv))))
         d = E.add(cdf, E.mul(xv, pdf))
     return E.convert(E.mul(g, d), dt)

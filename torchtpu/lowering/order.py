@@ -11,6 +11,7 @@ import torch
 from .. import emit as E
 from .. import jaxfn
 from ..tables import lowering, out_meta
+from .indexing import checked
 
 
 def _cum_rule(kind):
@@ -206,7 +207,6 @@ def put(tr, x, index, source, accumulate=False):
 
 
 def _flat_checked(tr, index, n):
-    from .indexing import checked
 
     return checked(tr, index, n, negative=True,
                    message=f"out of range: tried to access index {{value}} on a tensor of {n} elements.")
@@ -243,7 +243,6 @@ def index_reduce(tr, x, dim, index, source, reduce, include_self=True):
                                       include_self), ())
     d = dim % x.rank
     size = x.shape[d]
-    from .indexing import checked
 
     index = checked(tr, index, size, negative=False, dim=d)
 
@@ -290,7 +289,6 @@ def _index_write(tr, name, x, dim, index, value):
     d = dim % x.rank
     size = x.shape[d]
     val = E.convert(value, x.dtype) if isinstance(value, E.Value) else tr.scalar(value, x.dtype)
-    from .indexing import checked
 
     # index_fill counts negative indices from the end; index_copy rejects them (as CPU does)
     index = checked(tr, index, size, negative=name == "index_fill", dim=d,

@@ -8,6 +8,7 @@ import torch
 from .. import emit as E
 from .. import jaxfn
 from ..tables import lowering, out_meta as _meta
+from .upsample import apply_separable
 
 
 def _out_size(n, k, s, p, ceil_mode):
@@ -172,7 +173,6 @@ def _avg_matrix(n, m):
 
 
 def _adaptive_avg(nd, x, sizes, transpose=False):
-    from .upsample import apply_separable
 
     return apply_separable(x, [_avg_matrix(n, m) for n, m in sizes], transpose)
 

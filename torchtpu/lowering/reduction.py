@@ -10,7 +10,7 @@ from ..hlo import region, tensor_type
 from ..tables import lowering, out_meta as _meta
 
 
-def _dims(x, dim):
+def reduced_dims(x, dim):
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return list(range(x.rank))
     if isinstance(dim, int):
@@ -24,7 +24,7 @@ def _keep(v, x, dims, keepdim):
     return E.reshape(v, [1 if i in dims else s for i, s in enumerate(x.shape)])
 
 
-def _init(fn, kind, dtype):
+def init_value(fn, kind, dtype):
     if kind == "add":
         return E.const(fn, 0, dtype)
     if kind == "multiply":
@@ -49,29 +49,29 @@ def reduce(x, dims, kind, keepdim, dtype=None):
         kind = "or" if kind == "maximum" else "and"
         init = E.const(x.fn, kind == "and", torch.bool)
     else:
-        init = _init(x.fn, kind, acc)
+        init = init_value(x.fn, kind, acc)
     v = E.reduce(xv, init, dims, f"stablehlo.{kind}") if dims else xv
     return _keep(E.convert(v, dt), x, dims, keepdim)
 
 
 @lowering("sum.dim_IntList")
 def sum_(tr, x, dim=None, keepdim=False, dtype=None):
-    return reduce(x, _dims(x, dim), "add", keepdim, _meta(tr).dtype)
+    return reduce(x, reduced_dims(x, dim), "add", keepdim, _meta(tr).dtype)
 
 
 @lowering("sum.default")
 def sum_all(tr, x, dtype=None):
-    return reduce(x, _dims(x, None), "add", False, _meta(tr).dtype)
+    return reduce(x, reduced_dims(x, None), "add", False, _meta(tr).dtype)
 
 
 @lowering("prod.dim_int")
 def prod(tr, x, dim, keepdim=False, dtype=None):
-    return reduce(x, _dims(x, dim), "multiply", keepdim, _meta(tr).dtype)
+    return reduce(x, reduced_dims(x, dim), "multiply", keepdim, _meta(tr).dtype)
 
 
 @lowering("prod.default")
 def prod_all(tr, x, dtype=None):
-    return reduce(x, _dims(x, None), "multiply", False, _meta(tr).dtype)
+    return reduce(x, reduced_dims(x, None), "multiply", False, _meta(tr).dtype)
 
 
 def _count(x, dims):
@@ -81,7 +81,7 @@ def _count(x, dims):
 @lowering("mean.dim")
 def mean(tr, x, dim=None, keepdim=False, dtype=None):
     dt = _meta(tr).dtype
-    dims = _dims(x, dim)
+    dims = reduced_dims(x, dim)
     acc = E.acc_dtype(dt)
     s = reduce(x, dims, "add", keepdim, acc)
     return E.convert(E.div(s, E.const(x.fn, _count(x, dims), acc, s.shape)), dt)
@@ -94,38 +94,38 @@ def mean_all(tr, x, dtype=None):
 
 @lowering("amax")
 def amax(tr, x, dim=(), keepdim=False):
-    return reduce(x, _dims(x, dim), "maximum", keepdim)
+    return reduce(x, reduced_dims(x, dim), "maximum", keepdim)
 
 
 @lowering("amin")
 def amin(tr, x, dim=(), keepdim=False):
-    return reduce(x, _dims(x, dim), "minimum", keepdim)
+    return reduce(x, reduced_dims(x, dim), "minimum", keepdim)
 
 
 @lowering("aminmax")
 def aminmax(tr, x, dim=None, keepdim=False):
-    dims = _dims(x, dim)
+    dims = reduced_dims(x, dim)
     return reduce(x, dims, "minimum", keepdim), reduce(x, dims, "maximum", keepdim)
 
 
 @lowering("max.default")
 def max_all(tr, x):
-    return reduce(x, _dims(x, None), "maximum", False)
+    return reduce(x, reduced_dims(x, None), "maximum", False)
 
 
 @lowering("min.default")
 def min_all(tr, x):
-    return reduce(x, _dims(x, None), "minimum", False)
+    return reduce(x, reduced_dims(x, None), "minimum", False)
 
 
 @lowering("any.default", "any.dim", "any.dims")
 def any_(tr, x, dim=None, keepdim=False):
-    return reduce(E.convert(x, torch.bool), _dims(x, dim), "or", keepdim, torch.bool)
+    return reduce(E.convert(x, torch.bool), reduced_dims(x, dim), "or", keepdim, torch.bool)
 
 
 @lowering("all.default", "all.dim", "all.dims")
 def all_(tr, x, dim=None, keepdim=False):
-    return reduce(E.convert(x, torch.bool), _dims(x, dim), "and", keepdim, torch.bool)
+    return reduce(E.convert(x, torch.bool), reduced_dims(x, dim), "and", keepdim, torch.bool)
 
 
 def arg_reduce(x, dim, keepdim, is_max):
@@ -163,7 +163,7 @@ def arg_reduce(x, dim, keepdim, is_max):
         f'%ri = "stablehlo.select"(%c3, %bi, %ai) : ({it1}, {it}, {it}) -> {it}',
         f'"stablehlo.return"(%rv, %ri) : ({t}, {it}) -> ()',
     ]
-    init_v = _init(fn, "maximum" if is_max else "minimum", x.dtype) if x.dtype != torch.bool else E.const(fn, not is_max, torch.bool)
+    init_v = init_value(fn, "maximum" if is_max else "minimum", x.dtype) if x.dtype != torch.bool else E.const(fn, not is_max, torch.bool)
     init_i = E.const(fn, 0, torch.int64)
     v, i = E.reduce_multi([x, idx], [init_v, init_i], [dim], body, ["%av", "%ai", "%bv", "%bi"])
     if keepdim:
@@ -216,28 +216,28 @@ def _var(x, dims, correction, keepdim, dt):
 @lowering("var.correction")
 def var(tr, x, dim=None, correction=None, keepdim=False):
     dt = _meta(tr).dtype
-    v, _, _ = _var(x, _dims(x, dim), correction, keepdim, dt)
+    v, _, _ = _var(x, reduced_dims(x, dim), correction, keepdim, dt)
     return E.convert(v, dt)
 
 
 @lowering("std.correction")
 def std(tr, x, dim=None, correction=None, keepdim=False):
     dt = _meta(tr).dtype
-    v, _, _ = _var(x, _dims(x, dim), correction, keepdim, dt)
+    v, _, _ = _var(x, reduced_dims(x, dim), correction, keepdim, dt)
     return E.convert(E.unary("sqrt", v), dt)
 
 
 @lowering("var_mean.correction")
 def var_mean(tr, x, dim=None, correction=None, keepdim=False):
     dt = _meta(tr).dtype
-    v, m, _ = _var(x, _dims(x, dim), correction, keepdim, dt)
+    v, m, _ = _var(x, reduced_dims(x, dim), correction, keepdim, dt)
     return E.convert(v, dt), E.convert(m, _meta(tr, 1).dtype)
 
 
 @lowering("logsumexp")
 def logsumexp(tr, x, dim, keepdim=False):
     dt = _meta(tr).dtype
-    dims = _dims(x, dim)
+    dims = reduced_dims(x, dim)
     xv = E.convert(x, dt)
     re = E.real(xv)  # complex values shift by the largest real part, as CPU does
     m = reduce(re, dims, "maximum", True)

@@ -11,7 +11,7 @@ import torch
 from .. import emit as E
 from .. import jaxfn
 from ..tables import lowering, out_meta
-from .elementwise import _operand
+from .elementwise import operand
 
 
 
@@ -22,7 +22,7 @@ def _elementwise(name, f, n_outputs=1):
         out = out_meta(tr)
         dt = out.dtype
         cdt = E.acc_dtype(dt)
-        vals = [_operand(tr, x, cdt) for x in operands]
+        vals = [operand(tr, x, cdt) for x in operands]
         res = jaxfn.call(tr, name, f, vals)
         return E.convert(res[0], dt) if n_outputs == 1 else tuple(res)
 
@@ -238,7 +238,7 @@ def _shift(left):
 
     def rule(tr, a, b):
         dt = out_meta(tr).dtype
-        x, s = _operand(tr, a, dt), _operand(tr, b, dt)
+        x, s = operand(tr, a, dt), operand(tr, b, dt)
         shape = E.broadcast_shapes(x.shape, s.shape)
         x, s = E.broadcast_to(x, shape), E.broadcast_to(s, shape)
         c = lambda v: E.const(x.fn, v, dt, shape)  # noqa: E731

@@ -12,7 +12,6 @@ import functools
 import math
 
 import numpy as np
-import torch
 
 from .. import emit as E
 from .. import jaxfn

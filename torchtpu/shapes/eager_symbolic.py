@@ -9,7 +9,7 @@ every call it serves. On a miss :func:`lower` builds that entry:
 
 1. the op's result shapes under a symbolic L (fake tensors with sizes and strides as SymInts of one ShapeEnv
    symbol); a call whose meta function guards on L (branches on its value) is declined;
-2. buckets.py's interpreter rule for the op, run on *traced* tensors (padded_trace.py), so the whole padded
+2. the interpreter's (interp.py) rule for the op, run on *traced* tensors (padded_trace.py), so the whole padded
    computation becomes one fragment: each tensor on a marked storage is read from the storage's flat value by a
    gather at runtime L (its strides and offset are forms of L) into the padded layout, the rule masks where the
    op would read the padding, and each result that follows L is written compact at the capacity;
@@ -22,17 +22,20 @@ in ``op_table.bucket_exact`` and ``eager_symbolic.declined.<op>`` (``TORCHTPU_BU
 """
 from __future__ import annotations
 
-import os
+
 import sys
 
 import torch
 
-from . import buckets, metrics, padded_trace
-from . import emit as E
-from .trace import FROM_RNG, INT, OutputSlot
+from .. import _C, config, kernels, metrics
+from .. import emit as E
+from ..errors import user_line
+from ..trace import FROM_RNG, FROM_SYM, INT, OutputSlot
+from . import interp, padded_trace
+from .padded import PT, Ctx, Sz, Unsupported, compact_output
+from .padded import plain as padded_plain
 
 EXACT = ("exact",)
-FROM_SYM = 4  # csrc/executor/entry.h ScalarSource::kSym
 
 
 class Decline(Exception):
@@ -81,7 +84,7 @@ def _code_of(expr, s0):
 
 
 class _Node:
-    """What buckets.py's rules read of an FX node: its target and its symbolic result."""
+    """What the interpreter's rules read of an FX node: its target and its symbolic result."""
 
     def __init__(self, target, val):
         self.target, self.meta = target, {"val": val}
@@ -94,19 +97,17 @@ class _Node:
 def lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
     """The table entry of a signature with a varying inner size (kernels.lower's): (entry, registration); EXACT when
     declined. forms: (arg, elem, slot, code) per value of a tensor argument the key holds as a form of L."""
-    from . import kernels
 
     try:
         return _lower(name, values, runtime_slots, storages, device, sym, capacity, forms)
-    except kernels._Python:
+    except kernels.NeedsPython:
         return ("python",), None
-    except (Decline, buckets.Unsupported, padded_trace.NotTraceable) as e:
+    except (Decline, Unsupported, padded_trace.NotTraceable) as e:
         why = str(e)
     except Exception as e:  # noqa: BLE001 — a defect of a padded rule: fail closed, the call runs at exact sizes
         why = f"the padded lowering failed ({type(e).__name__}: {e})"
-    metrics.inc(f"eager_symbolic.declined.{kernels._cpp_name(name)}")
-    if os.environ.get("TORCHTPU_BUCKETS_DEBUG"):
-        from .errors import user_line
+    metrics.inc(f"eager_symbolic.declined.{kernels.cpp_name(name)}")
+    if config.get("buckets_debug"):
 
         print(f"torchtpu: eager symbolic: {name} runs at exact sizes: {why} (at {user_line()}; "
               f"{_describe(values, forms)})", file=sys.stderr)
@@ -129,7 +130,6 @@ def _describe(values, forms):
     """Each tensor argument's sizes, strides and offset as keyed (forms of L) and its storage's shape codes."""
     import sympy
 
-    from . import _C
 
     L = sympy.Symbol("L")
     keyed, _ = _split_forms(forms)
@@ -157,9 +157,8 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from . import kernels
 
-    call = kernels._Call(name, values, True, runtime_slots, storages, device)
+    call = kernels.Call(name, values, True, runtime_slots, storages, device)
     kind, fname, _rule, out_names = call.info
     target = None  # in place or out=: the argument written (its storage gets the result)
     if kind == "inplace":
@@ -243,14 +242,14 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
         lv = tr.fn.param((), torch.int64)
         tr._scalars.append((lv, INT, (FROM_SYM, (0, -1), 0)))
         sizes = T.tensor(E.reshape(lv, (1,)))
-        ctx = buckets._Ctx({s0: 0}, {s0: sym}, sizes)
+        ctx = Ctx({s0: 0}, {s0: sym}, sizes)
 
         def to_padded(a):
             if not isinstance(a, torch.Tensor):
                 return plain(a)
             lay = layout(a)
             if lay is None:
-                return buckets._plain(T.tensor(tr.read_value(a)))
+                return padded_plain(T.tensor(tr.read_value(a)))
             flat = _flat_value(tr, a)
             if flat.dtype != a.dtype:
                 raise Decline("a storage read as another dtype")
@@ -261,23 +260,23 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
         pkwargs = {k: to_padded(a) for k, a in call.kwargs.items()}
         pargs, pkwargs = with_ints(pargs, pkwargs, ctx.size)
         if gm is None:
-            res = buckets._call(_Node(func, fout), pargs, pkwargs, ctx)
+            res = interp.call_node(_Node(func, fout), pargs, pkwargs, ctx)
         else:  # the Core ATen decomposition (as compiled graphs have it), interpreted op by op
             from torch.utils import _pytree
 
-            res = buckets.run(gm, _pytree.tree_flatten((pargs, pkwargs))[0], ctx)
+            res = interp.run(gm, _pytree.tree_flatten((pargs, pkwargs))[0], ctx)
         res = [res] if not isinstance(res, (list, tuple)) else list(res)
         written = None
         if target is not None:
             lay = layout(target)
-            if lay is None or len(res) != 1 or not isinstance(res[0], buckets.PT):
+            if lay is None or len(res) != 1 or not isinstance(res[0], PT):
                 raise Decline(f"the {kind} form into a tensor without the varying size")
             if res[0].t.dtype != target.dtype:
-                res[0] = buckets.PT(res[0].t.to(target.dtype), res[0].dims)
+                res[0] = PT(res[0].t.to(target.dtype), res[0].dims)
             flat = _flat_value(tr, target)
             with _in_range(tr):
                 if _whole(target, by_path.get(call.path_of.get(id(target))), capacity):
-                    new = buckets.compact_output(ctx, res[0])
+                    new = compact_output(ctx, res[0])
                     if new.numel() != flat.numel:
                         raise Decline("a compact result of another size than its storage")
                 else:  # through a view: the valid positions scattered into the storage's value
@@ -286,13 +285,13 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
             res = []
         results = []
         for r, o, c in zip(res, outs, codes):
-            if not isinstance(r, buckets.PT):
+            if not isinstance(r, PT):
                 raise Decline("a result the interpreter gave as no tensor")
             if all(x >= 0 for x in c):  # no size follows L: the exact result
                 results.append((T.value(r.t), c, None))
             else:
                 with _in_range(tr):  # clamped indices
-                    results.append((T.value(buckets.compact_output(ctx, r)), c, o))
+                    results.append((T.value(compact_output(ctx, r)), c, o))
     if any(src[0] == FROM_RNG for _, _, src in tr._scalars):
         raise Decline("random numbers")
     outputs = []
@@ -369,12 +368,12 @@ class _quiet_fake_tensors:
 
 
 def _has_handler(func) -> bool:
-    return (func in buckets._HANDLERS or func.overloadpacket in buckets._HANDLERS
+    return (func in interp.HANDLERS or func.overloadpacket in interp.HANDLERS
             or torch.Tag.pointwise in func.tags)
 
 
 def _decomposed(mode, func, fargs, fkwargs):
-    """func's Core ATen decomposition traced into an FX graph at the symbolic sizes (for buckets.py's interpreter;
+    """func's Core ATen decomposition traced into an FX graph at the symbolic sizes (for the interpreter's (interp.py);
     its placeholders are the call's arguments, flattened)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils import _pytree
@@ -393,7 +392,7 @@ def _decomposed(mode, func, fargs, fkwargs):
 
 
 def _arg_places(call):
-    """Schema argument index -> ("args", position) or ("kwargs", name) in the call (kernels._Call's split)."""
+    """Schema argument index -> ("args", position) or ("kwargs", name) in the call (kernels.Call's split)."""
     out, pos = {}, 0
     for i, a in enumerate(call.op._schema.arguments):
         if a.kwarg_only:
@@ -421,7 +420,7 @@ def _positions(ctx, sizes, strides, offset):
     """Per position of the padded layout of a view with those (symbolic) sizes, strides and offset: its index in
     the flat storage (0 in the padding) and whether it is valid (None: all are)."""
     szs = [ctx.size(e) for e in sizes]
-    padded = [z.padded if isinstance(z, buckets.Sz) else z for z in szs]
+    padded = [z.padded if isinstance(z, Sz) else z for z in szs]
 
     def rt(e):
         return e if isinstance(e, int) else ctx._eval(e)
@@ -433,7 +432,7 @@ def _positions(ctx, sizes, strides, offset):
         shape[d] = padded[d]
         io = ctx.iota(padded[d]).view(shape)
         idx = idx + io * rt(st)
-        if isinstance(z, buckets.Sz):
+        if isinstance(z, Sz):
             m = io < z.rt
             mask = m if mask is None else mask & m
     idx = idx.expand(padded) if isinstance(idx, torch.Tensor) else ctx.iota(1).expand(padded) * 0 + idx
@@ -446,7 +445,7 @@ def _write_padded(ctx, flat, sizes, strides, offset, value):
     """The flat storage with the valid values of padded tensor `value` written through the view (sizes, strides,
     offset); the padding's writes go to one extra position, dropped after."""
     szs, padded, idx, mask = _positions(ctx, sizes, strides, offset)
-    if tuple(value.t.shape) != tuple(padded) or any(len(f) != 1 or (f[0][1] is None) != (not isinstance(z, buckets.Sz))
+    if tuple(value.t.shape) != tuple(padded) or any(len(f) != 1 or (f[0][1] is None) != (not isinstance(z, Sz))
                                                    for f, z in zip(value.dims, szs)):
         raise Decline("a written value laid out otherwise than its view")
     n = flat.numel()
@@ -463,4 +462,7 @@ def _read_padded(ctx, flat, sizes, strides, offset):
     vals = flat[idx.reshape(-1)].view(padded)
     if mask is not None:
         vals = torch.where(mask, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
-    return buckets.PT(vals, [((z.padded, z),) if isinstance(z, buckets.Sz) else ((z, None),) for z in szs])
+    return PT(vals, [((z.padded, z),) if isinstance(z, Sz) else ((z, None),) for z in szs])
+
+
+kernels.register_lowerer("sym", lower)

@@ -26,15 +26,21 @@ the table keys that call at its exact sizes, as without buckets (right, a progra
 """
 from __future__ import annotations
 
+import functools
 import math
-import os
 import sys
+import warnings
 
 import torch
 
-from . import _C, buckets, metrics
-from . import emit as E
-from .trace import FROM_RNG
+from .. import _C, config, executor, kernels, metrics
+from .. import emit as E
+from ..errors import describe, user_line
+from ..lowering import reduction as R
+from ..lowering.indexing import SCATTER_COMBINE
+from ..tables import out_meta
+from ..trace import FROM_RNG
+from . import policy
 
 EXACT = ("exact",)
 ROWS_CLASS = 0  # one row class per op (a second one answers exact)
@@ -44,15 +50,19 @@ class Decline(Exception):
     """This call is not provably right at the capacity: it runs at its exact sizes."""
 
 
-def sync() -> None:
+def sync(_value=None) -> None:
     """Turns the C++ path's bucketing on or off with the policy (torchtpu.set_shape_buckets); off while debug
-    mode's NaN check is on (it reads whole buffers, padding included)."""
-    from . import executor
-
+    mode's NaN check is on (it reads whole buffers, padding included). The listener of both knobs."""
     _STICKY.clear()  # capacities of the previous policy's buckets
-    policy = buckets.get_shape_buckets()
-    sizes = [] if policy == "pow2" or not buckets.enabled() else [int(b) for b in policy.split(",")]
-    _C._set_eager_buckets(buckets.enabled() and not executor._check_nans, sizes)
+    on = policy.enabled()
+    name = policy.get_shape_buckets()
+    sizes = [] if name == "pow2" or not on else [int(b) for b in name.split(",")]
+    _C._set_upload_host_copies(policy.UPLOAD_HOST_COPY_BYTES if on else 0)
+    _C._set_eager_buckets(on and not config.get("check_nans"), sizes)
+
+
+config.on_change("shape_buckets", sync)
+config.on_change("check_nans", sync)
 
 
 # -- sizes that change between calls of one op, outside the rows (a varying sequence length): said, not bucketed ---
@@ -93,9 +103,7 @@ def note_lowering(name, values) -> None:
     i, d, v, (sizes, periods, _) = changed
     if periods >= VARYING_AFTER and not _warned_varying:
         _warned_varying.append(name)
-        import warnings
 
-        from .errors import describe, user_line
 
         warnings.warn(
             f"torchtpu: aten::{name} was lowered for {len(sizes)} sizes of dim {d} of its argument {i}, new ones in "
@@ -122,11 +130,11 @@ def rows_tensor(host: torch.Tensor, device, source=None, bound=None) -> torch.Te
     layer route counts that straddle a bucket boundary; with one capacity for all of them, a fused chunk over every
     expert is one program instead of one per combination of buckets (at most twice the rows of the exact bucket)."""
     n = host.shape[0] if host.dim() else 0
-    if n < 2 or not buckets.enabled():
+    if n < 2 or not policy.enabled():
         return host.to(device)
-    cap = buckets.bucket(n)
+    cap = policy.bucket(n)
     if source is not None:
-        cap = max(cap, min(_STICKY.get(source, 0), buckets.bucket(bound) if bound is not None else cap))
+        cap = max(cap, min(_STICKY.get(source, 0), policy.bucket(bound) if bound is not None else cap))
         if source not in _STICKY and len(_STICKY) >= _STICKY_MAX:
             _STICKY.pop(next(iter(_STICKY)))
         _STICKY[source] = cap
@@ -134,7 +142,6 @@ def rows_tensor(host: torch.Tensor, device, source=None, bound=None) -> torch.Te
         return host.to(device)
     padded = torch.zeros((cap, *host.shape[1:]), dtype=host.dtype)
     padded[:n] = host
-    from . import executor
 
     with executor.exact_uploads():  # its own capacity, not a batch's
         dev = padded.to(device)
@@ -146,13 +153,12 @@ def rows_tensor(host: torch.Tensor, device, source=None, bound=None) -> torch.Te
 def mask(tr, v, dim, kind):
     """v (a capacity-row value) with its rows past the valid count along dim replaced by the identity of reduction
     `kind` ("add": 0, "maximum": the dtype's lowest value, ...) in v's dtype, or by `value` for kind ("fill", value)."""
-    from .lowering.reduction import _init
 
     fn = tr.fn
     n = tr.rows(ROWS_CLASS)
     pos = E.iota(fn, v.shape, dim)
     valid = E.compare(pos, E.broadcast_to(n, v.shape), "LT")
-    fill = E.const(fn, kind[1], v.dtype) if isinstance(kind, tuple) else E.convert(_init(fn, kind, v.dtype), v.dtype)
+    fill = E.const(fn, kind[1], v.dtype) if isinstance(kind, tuple) else E.convert(R.init_value(fn, kind, v.dtype), v.dtype)
     return E.select(valid, v, E.broadcast_to(fill, v.shape))
 
 
@@ -165,12 +171,10 @@ def _count(tr, x, dims, d, acc):
 
 
 def _rows_mean(d):
-    from .lowering import reduction as R
-    from .tables import out_meta
 
     def rule(tr, x, dim=None, keepdim=False, dtype=None):  # mean.dim; x's padding reads 0
         dt = out_meta(tr).dtype
-        dims = R._dims(x, dim)
+        dims = R.reduced_dims(x, dim)
         acc = E.acc_dtype(dt)
         s = R.reduce(x, dims, "add", keepdim, acc)
         return E.convert(E.div(s, E.broadcast_to(_count(tr, x, dims, d, acc), s.shape)), dt)
@@ -180,12 +184,10 @@ def _rows_mean(d):
 
 def _rows_var(d, outputs):
     """var / std / var_mean / std_mean over the rows: the mean by the valid count, the deviations of the padding 0."""
-    from .lowering import reduction as R
-    from .tables import out_meta
 
     def rule(tr, x, dim=None, correction=None, keepdim=False):  # x's padding reads 0
         dt = out_meta(tr).dtype
-        dims = R._dims(x, dim)
+        dims = R.reduced_dims(x, dim)
         acc = E.acc_dtype(dt)
         xv = E.convert(x, acc)
         n = _count(tr, x, dims, d, acc)
@@ -269,10 +271,8 @@ def _dims(value, nd, default):
 def _classify(fname, args, kwargs, bdim):
     """The masks (id(tensor) -> the reduction whose identity its padding reads as) that make the rule right at the
     capacity; raises Decline."""
-    from .kernels import _cpp_name
-    from .lowering.indexing import _SCATTER_COMBINE
 
-    name = _cpp_name(fname)
+    name = kernels.cpp_name(fname)
     packet = name.split(".")[0]
     op = getattr(getattr(torch.ops.aten, packet), name.split(".")[1] if "." in name else "default", None)
     flat = []
@@ -430,7 +430,7 @@ def _classify(fname, args, kwargs, bdim):
             return {id(index): ZERO}
         reduce_ = args[4] if name == "scatter_reduce.two" else "sum" if name == "scatter_add" else None
         include_self = args[5] if len(args) > 5 else kwargs.get("include_self", True)
-        combine = None if reduce_ == "mean" else _SCATTER_COMBINE.get(reduce_)  # a mean would count the padding
+        combine = None if reduce_ == "mean" else SCATTER_COMBINE.get(reduce_)  # a mean would count the padding
         if combine is None or not include_self:  # on an exact self the padding's updates land on its rows
             raise Decline(f"{name}: reduce {reduce_!r}, include_self={include_self} into an exact self")
         return {id(index): ZERO, id(src): combine}
@@ -506,14 +506,13 @@ def _standins(values, bucketed, extra=0, meta=False):
 
 def lower(name, values, runtime_slots, storages, device, rows, bucketed):
     """The table entry of a bucketed signature (kernels.lower's): (entry, registration); EXACT when declined."""
-    from . import kernels
 
     try:
         if len(rows) != 1:
             raise Decline("two row counts in one op")
         with torch.no_grad():
             vals, bdim = _standins(values, bucketed)
-        call = kernels._Call(name, vals, True, runtime_slots, storages, device)
+        call = kernels.Call(name, vals, True, runtime_slots, storages, device)
         kind, fname, _rule, _ = call.info
         if kind == "out":
             raise Decline("an out= form")
@@ -524,10 +523,10 @@ def lower(name, values, runtime_slots, storages, device, rows, bucketed):
         if isinstance(plan, tuple):  # the masks and a rule that replaces the op's own at the capacity
             plan, rule = plan
             call.info = (kind, fname, rule, call.info[3])
-        call.masks = {i: (bdim[i], kind) for i, kind in plan.items()}
+        call.masks = {i: functools.partial(mask, dim=bdim[i], kind=kind) for i, kind in plan.items()}
         try:
             entry = list(call.entry())
-        except kernels._Python:
+        except kernels.NeedsPython:
             return ("python",), None
         except Exception as e:  # noqa: BLE001 — a call wrong at its exact sizes raises there, with its own message
             raise Decline(f"the rule failed at the capacity ({type(e).__name__})") from None
@@ -540,8 +539,8 @@ def lower(name, values, runtime_slots, storages, device, rows, bucketed):
         entry[5] = _follow(call, values, bucketed, outputs)
         return tuple(entry), call.registration
     except Decline as e:
-        metrics.inc(f"eager_buckets.declined.{kernels._cpp_name(name)}")  # once per signature (the table keeps it)
-        if os.environ.get("TORCHTPU_BUCKETS_DEBUG"):
+        metrics.inc(f"eager_buckets.declined.{kernels.cpp_name(name)}")  # once per signature (the table keeps it)
+        if config.get("buckets_debug"):
             print(f"torchtpu: eager buckets: {name} runs at exact sizes: {e}", file=sys.stderr)
         return EXACT, None
 
@@ -550,7 +549,6 @@ def _follow(call, values, bucketed, outputs):
     """The outputs with the rows they follow: (..., row class, dim) for a new output whose dim is the capacity."""
     if not any(o[0] == 0 for o in outputs):
         return outputs
-    from . import kernels
 
     cap = bucketed[0][4]
     mvals, _ = _standins(values, bucketed, extra=1, meta=True)
@@ -561,7 +559,7 @@ def _follow(call, values, bucketed, outputs):
         else:
             margs.append(v)
     try:
-        more = kernels._as_tuple(kernels.meta(call.op, call.name, margs, mkwargs))
+        more = kernels.as_tuple(kernels.meta(call.op, call.name, margs, mkwargs))
     except Exception:  # noqa: BLE001
         raise Decline("no metadata at another capacity") from None
     out = []
@@ -584,3 +582,7 @@ def _follow(call, values, bucketed, outputs):
             raise Decline("rows that are not an output's outermost dim")
         out.append((*o[:6], ROWS_CLASS, d))
     return out
+
+
+kernels.register_lowerer("rows", lower)
+kernels.on_lowering(note_lowering)

@@ -1,7 +1,7 @@
 """Runs torch code into one fragment: the ops it issues on *traced* tensors become StableHLO in a Trace, through the
 same lowering rules the op table uses (no device work, no op-table entries, no capture).
 
-This is how one eager op gets a program that serves every size of a bucket: buckets.py's interpreter rules (masks
+This is how one eager op gets a program that serves every size of a bucket: the interpreter's rules (interp.py) (masks
 where an op would read padding, gathers between compact and padded layouts) are torch code, and here they run on
 traced tensors, so an op at padded sizes, its masks and the runtime sizes end up in one fragment.
 
@@ -17,20 +17,15 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import emit as E
-from . import views as V
+from .. import emit as E
+from .. import kernels
+from .. import views as V
 
 _MAX_CONSTANT = 256  # elements of a CPU tensor baked into a fragment
 
 
 class NotTraceable(Exception):
     """The code did something a fragment cannot hold (a host read, an op without a rule, a big CPU tensor)."""
-
-
-def _kernels():
-    from . import kernels
-
-    return kernels.KERNELS
 
 
 class Tracer(TorchDispatchMode):
@@ -106,9 +101,8 @@ class Tracer(TorchDispatchMode):
         factory = _FACTORIES.get(name)
         if factory is not None:
             return factory(self, *args, **kwargs)
-        kernels = _kernels()
-        key = name if name in kernels else name + ".default"
-        info = kernels.get(key)
+        key = name if name in kernels.KERNELS else name + ".default"
+        info = kernels.KERNELS.get(key)
         if info is not None and info[0] == "functional":
             return self._rule(func, info[2], args, kwargs)
         if info is not None and info[0] == "inplace" and isinstance(args[0], torch.Tensor):
