@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 import opinfo_sweep
 import torchtpu
 import torchtpu.shapes
-from torchtpu import _C, metrics
+from torchtpu import _C, kernels, metrics
 
 PAD_ROWS = 3
 
@@ -167,7 +167,7 @@ _LOWERED: list = []  # op names lowered since the sample's tpu run began
 @contextlib.contextmanager
 def _recording_lowerings():
     """Op names lowered go to _LOWERED (the executor's callbacks are restored after: errors name the user's line)."""
-    cbs = torchtpu._callbacks()
+    cbs = kernels.callbacks()
     orig = cbs["lower"]
 
     def lower(name, *a):

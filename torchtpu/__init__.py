@@ -31,7 +31,6 @@ torch._register_device_module("tpu", _device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
 from . import metrics  # noqa: E402
-from . import executor as _executor  # noqa: E402
 from .executor import get_mode, mode, set_mode, synchronize as _sync  # noqa: E402
 from . import lowering  # noqa: E402,F401  (fills the lowering tables)
 from . import kernels as _kernels  # noqa: E402
@@ -40,14 +39,7 @@ from . import shapes as _shapes  # noqa: E402  (registers the eager bucketing lo
 from .shapes import set_shape_buckets  # noqa: E402
 
 _shapes.eager_buckets.sync()  # the C++ path's bucketing, as the policy says
-
-
-def _callbacks() -> dict:
-    """What the C++ path calls back into: the executor's and the op table's (lower, python_kernel)."""
-    return {**_executor.callbacks(), "lower": _kernels.lower, "python_kernel": _kernels.python_kernel}
-
-
-_C._set_callbacks(_callbacks())
+_C._set_callbacks(_kernels.callbacks())
 if torch.distributed.is_available():
     from . import distributed as _distributed  # noqa: E402  (the c10d backend "tpu")
 

@@ -27,7 +27,7 @@ import traceback
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _C, cache, executor, metrics
+from . import _C, cache, executor, kernels, metrics
 
 # Public specs, per chip: peak dense bfloat16 flops/s and HBM bandwidth bytes/s; the matrix unit's side.
 TPUS = {
@@ -318,7 +318,7 @@ class _Probe:
         with metrics._lock:
             self.s0 = collections.Counter(metrics._sync_lines)
         self.lowered = []
-        self._cb = executor.callbacks()
+        self._cb = kernels.callbacks()
         orig = self._cb["lower"]
 
         def lower(name, *a):

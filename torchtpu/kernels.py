@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch._meta_registrations  # noqa: F401  (meta kernels give every op's output metadata)
 
-from . import _C, metrics, optable
+from . import _C, executor, metrics, optable
 from .arguments import device_index, flat, is_tpu, map_args, overload
 from .errors import TpuOpError, op_error
 from .tables import DIRECT, FOREACH, INPLACE_RULES, META, PREPROCESS, RULES, SCALARS_SHAPE_OUTPUT
@@ -428,6 +428,11 @@ def register_all():
         if name not in KERNELS:  # the C++ kernel calls the ones that also have a rule (copy_)
             _lib.impl(cpp_name(name), untraced(fn), "PrivateUse1")
         _registered.add(name)
+
+
+def callbacks() -> dict:
+    """What the C++ path calls back into: the executor's callbacks and the op table's (lower, python_kernel)."""
+    return {**executor.callbacks(), "lower": lower, "python_kernel": python_kernel}
 
 
 def registered_ops() -> set[str]:
