@@ -12,6 +12,7 @@ Run: .venv/bin/python bench/compiled.py [--steps 32] [--only small]
    the compiles each process made.
 The machines are shared and noisy: read the ratios, which come from one run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,13 @@ import tempfile
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench")]
+sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests", "tools"), os.path.join(ROOT, "bench")]
 
 import torch  # noqa: E402
+from eager import MODELS, jax_stepper, per_step, run_blocks  # noqa: E402
+from eager import torch_stepper as stepper  # noqa: E402
 
 import torchtpu  # noqa: E402
-from eager import MODELS, jax_stepper, per_step, run_blocks, torch_stepper as stepper  # noqa: E402
-
 
 VARIANTS = ("tpu compiled, strict", "tpu compiled, fused", "tpu fused eager", "Inductor on CPU", "JAX ceiling")
 
@@ -64,16 +65,21 @@ def steps_table(steps, only):
     return rows
 
 
-HEADER = ("| training step | PyTorch CPU eager | " + " | ".join(VARIANTS) +
-          " | best compiled / JAX | compiles after step 2 (compiled strict / fused) | max loss diff vs CPU "
-          "(compiled) |\n|" + " --- |" * (len(VARIANTS) + 5))
+HEADER = (
+    "| training step | PyTorch CPU eager | "
+    + " | ".join(VARIANTS)
+    + " | best compiled / JAX | compiles after step 2 (compiled strict / fused) | max loss diff vs CPU "
+    "(compiled) |\n|" + " --- |" * (len(VARIANTS) + 5)
+)
 
 
 def _row(r):
     cells = " | ".join(f"{r[k]:.2f}x" for k in VARIANTS)
     diff = max(r["tpu compiled, strict diff"], r["tpu compiled, fused diff"])
-    return (f"| {r['model']} | {r['cpu_ms']:.1f} ms | {cells} | {r['compiled vs JAX']:.2f}x | "
-            f"{r['tpu compiled, strict compiles']} / {r['tpu compiled, fused compiles']} | {diff:.1e} |")
+    return (
+        f"| {r['model']} | {r['cpu_ms']:.1f} ms | {cells} | {r['compiled vs JAX']:.2f}x | "
+        f"{r['tpu compiled, strict compiles']} / {r['tpu compiled, fused compiles']} | {diff:.1e} |"
+    )
 
 
 FIRST_STEP = r"""
@@ -106,19 +112,28 @@ def first_step():
         env = dict(os.environ, TORCHTPU_CACHE_DIR=os.path.join(d, "cache"))
         runs = []
         for _ in ("cold", "warm"):
-            out = subprocess.run([sys.executable, "-c", FIRST_STEP, os.path.join(ROOT, "bench")], env=env,
-                                 capture_output=True, text=True, timeout=900)
+            out = subprocess.run(
+                [sys.executable, "-c", FIRST_STEP, os.path.join(ROOT, "bench")],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             if out.returncode:
                 raise RuntimeError(out.stderr[-3000:])
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     cold, warm = runs
-    lines = ["| small GPT compiled (fused), a new process | first step | its compiles | second step | disk hits |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| small GPT compiled (fused), a new process | first step | its compiles | second step | disk hits |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for name, r in (("cold cache", cold), ("warm cache", warm)):
         (t1, c1), (t2, _) = r["steps"]
         lines.append(f"| {name} | {t1 * 1e3:.0f} ms | {c1} | {t2 * 1e3:.1f} ms | {r['disk_hits']} |")
-    lines.append(f"\nwarm first step / cold first step: {warm['steps'][0][0] / cold['steps'][0][0]:.3f} "
-                 f"(compile seconds saved: {warm['saved']:.2f})")
+    lines.append(
+        f"\nwarm first step / cold first step: {warm['steps'][0][0] / cold['steps'][0][0]:.3f} "
+        f"(compile seconds saved: {warm['saved']:.2f})"
+    )
     return lines
 
 

@@ -6,6 +6,7 @@ Each configuration starts 2 ranks on loopback (one XLA:CPU device each for tpu);
 batch (AdamW, loss.item() every step, dropout off); the time per step is the median over the steps after the
 first 4, on rank 0. The 2-core machine runs both ranks: read the ratio, not the milliseconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,10 @@ def rank_job(device, mode, steps):
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import torch
     import torch.distributed as dist
+    import train_gpt
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import torchtpu
-    import train_gpt
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("tpu" if device == "tpu" else "gloo")
@@ -44,7 +45,7 @@ def rank_job(device, mode, steps):
     with torchtpu.mode(mode):
         for x, y in train_gpt.batches(steps, 8, 64, 64):
             t0 = time.perf_counter()
-            loss = net(x[rank * share:(rank + 1) * share].to(device), y[rank * share:(rank + 1) * share].to(device))
+            loss = net(x[rank * share : (rank + 1) * share].to(device), y[rank * share : (rank + 1) * share].to(device))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -61,10 +62,23 @@ def launch(device, mode, steps):
         port = s.getsockname()[1]
     procs = []
     for r in range(2):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TORCHTPU_NUM_CPU_DEVICES="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--rank-job", device, mode, str(steps)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHTPU_NUM_CPU_DEVICES="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "--rank-job", device, mode, str(steps)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (_, err) in zip(procs, outs):
         if p.returncode:
@@ -80,12 +94,16 @@ def main():
     if args.rank_job:
         device, mode, steps = args.rank_job
         return rank_job(device, mode, int(steps))
-    runs = {"CPU, gloo": launch("cpu", "strict", args.steps),
-            "tpu, strict": launch("tpu", "strict", args.steps),
-            "tpu, fused": launch("tpu", "fused", args.steps)}
+    runs = {
+        "CPU, gloo": launch("cpu", "strict", args.steps),
+        "tpu, strict": launch("tpu", "strict", args.steps),
+        "tpu, fused": launch("tpu", "fused", args.steps),
+    }
     cpu = runs["CPU, gloo"]
     print(f"DDP, small GPT (d=128, 2 layers, ctx 64), batch 8 over 2 processes, {args.steps} AdamW steps\n")
-    print("| configuration | ms per step (rank 0) | / CPU with gloo | max loss diff vs CPU |\n| --- | --- | --- | --- |")
+    print(
+        "| configuration | ms per step (rank 0) | / CPU with gloo | max loss diff vs CPU |\n| --- | --- | --- | --- |"
+    )
     for name, r in runs.items():
         diff = max(abs(a - b) / abs(a) for a, b in zip(cpu["losses"], r["losses"]))
         print(f"| {name} | {r['ms']:.1f} | {r['ms'] / cpu['ms']:.2f}x | {diff:.1e} |")

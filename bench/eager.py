@@ -13,24 +13,24 @@ Run: .venv/bin/python bench/eager.py [--steps 12] [--write]   (--write: also wri
    ``jax.jit`` (the ceiling); compiles after warm-up; the largest relative loss difference to CPU.
 The machines are shared and noisy: absolute times move ±40% between runs, ratios from one run are what count.
 """
+
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench")]
+sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests", "tools"), os.path.join(ROOT, "bench")]
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import train_gpt  # noqa: E402
 
 import torchtpu  # noqa: E402
-import train_gpt  # noqa: E402
 
 MODES = ("strict", "fused", "debug")
 N = 200
@@ -113,14 +113,24 @@ def _mlp():
 def _cnn():
     def build():
         torch.manual_seed(0)
-        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+        return nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32, 10),
+        )
 
     def data(steps):
         g = torch.Generator().manual_seed(1)
-        return [(torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
-                for _ in range(steps)]
+        return [
+            (torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(steps)
+        ]
 
     return build, data, lambda m, x, y: F.cross_entropy(m(x), y), None
 
@@ -211,7 +221,7 @@ BLOCK = 4
 def per_step(times):
     """Seconds per step: the median over blocks (after the first, which holds the warm-up steps) of the block's mean
     step, so that a wait counted in a block's last step (run_blocks) counts in full."""
-    blocks = [times[i:i + BLOCK] for i in range(BLOCK, len(times) - BLOCK + 1, BLOCK)]
+    blocks = [times[i : i + BLOCK] for i in range(BLOCK, len(times) - BLOCK + 1, BLOCK)]
     if not blocks:
         return statistics.median(times[WARMUP:])
     return statistics.median(sum(b) / len(b) for b in blocks)
@@ -225,7 +235,7 @@ def run_blocks(variants, batches):
     res = {k: ([], [], []) for k in variants}
     for lo in range(0, len(batches), BLOCK):
         for k, run in variants.items():
-            for x, y in batches[lo:lo + BLOCK]:
+            for x, y in batches[lo : lo + BLOCK]:
                 for lst, v in zip(res[k], run(x, y)):
                     lst.append(v)
             if hasattr(run, "flush"):
@@ -264,14 +274,18 @@ def steps_table(steps, only=None):
 
 def _step_row(r):
     jax = f"{r['jax']:.2f}x" if "jax" in r else "-"
-    return (f"| {r['model']} | {r['cpu_ms']:.1f} ms | {r['strict']:.2f}x | {r['fused']:.2f}x | {r['debug']:.2f}x | "
-            f"{jax} | {r['strict_compiles']} / {r['fused_compiles']} / {r['debug_compiles']} | "
-            f"{max(r['strict_diff'], r['fused_diff'], r['debug_diff']):.1e} |")
+    return (
+        f"| {r['model']} | {r['cpu_ms']:.1f} ms | {r['strict']:.2f}x | {r['fused']:.2f}x | {r['debug']:.2f}x | "
+        f"{jax} | {r['strict_compiles']} / {r['fused_compiles']} / {r['debug_compiles']} | "
+        f"{max(r['strict_diff'], r['fused_diff'], r['debug_diff']):.1e} |"
+    )
 
 
-STEP_HEADER = ("| training step | PyTorch CPU eager | tpu strict | tpu fused | tpu debug | JAX, whole step in one "
-               "jax.jit (ceiling) | compiles after step 2 (strict / fused / debug) | max loss diff vs CPU |\n"
-               "| --- | --- | --- | --- | --- | --- | --- | --- |")
+STEP_HEADER = (
+    "| training step | PyTorch CPU eager | tpu strict | tpu fused | tpu debug | JAX, whole step in one "
+    "jax.jit (ceiling) | compiles after step 2 (strict / fused / debug) | max loss diff vs CPU |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- |"
+)
 
 
 def main():
@@ -284,8 +298,10 @@ def main():
     first, second = chain_table(), chain_table()  # the first round also warms caches and allocators
     chain_rows = {k: min(first[k], second[k]) for k in first}
     jit = chain_rows["JAX, one jax.jit call per op"]
-    lines = ["| chain of 200 small elementwise ops (256 floats) | µs per op | / JAX one jit per op |",
-             "| --- | --- | --- |"]
+    lines = [
+        "| chain of 200 small elementwise ops (256 floats) | µs per op | / JAX one jit per op |",
+        "| --- | --- | --- |",
+    ]
     lines += [f"| {k} | {v:.2f} | {v / jit:.2f}x |" for k, v in chain_rows.items()]
     print("\n".join(lines) + "\n", flush=True)
     print(STEP_HEADER, flush=True)
@@ -296,18 +312,33 @@ def main():
 
 def write_doc(chain_lines, rows, steps):
     path = os.path.join(ROOT, "docs", "performance.md")
-    text = ["# Performance", "",
+    text = (
+        [
+            "# Performance",
+            "",
             "Measured by `bench/eager.py` (one run, the 2-core dev machine, XLA:CPU; absolute times move ±40% "
             "between runs on these shared machines: read the ratios). Regenerate with "
-            "`.venv/bin/python bench/eager.py --write`.", "",
-            "## Per-op cost", ""] + chain_lines + [
-            "", "PyTorch/XLA 2.9 on the same machine (`../shared/bench/peer_perop_torch_xla.py`, its own venv): "
-                "eager mode 14-21 µs per op, lazy mode 5-8 µs (1.8-2.4x and 0.6-0.9x of JAX's one-jit-per-op "
-                "time), measured by an earlier session over four runs.", "",
+            "`.venv/bin/python bench/eager.py --write`.",
+            "",
+            "## Per-op cost",
+            "",
+        ]
+        + chain_lines
+        + [
+            "",
+            "PyTorch/XLA 2.9 on the same machine (`../shared/bench/peer_perop_torch_xla.py`, its own venv): "
+            "eager mode 14-21 µs per op, lazy mode 5-8 µs (1.8-2.4x and 0.6-0.9x of JAX's one-jit-per-op "
+            "time), measured by an earlier session over four runs.",
+            "",
             f"## Training steps ({steps} AdamW steps in blocks of {BLOCK} per variant, each block ending when its "
             "device work has finished; the median over blocks, after the first, of the time per step / PyTorch CPU "
             "eager)",
-            "", STEP_HEADER] + [_step_row(r) for r in rows] + [""]
+            "",
+            STEP_HEADER,
+        ]
+        + [_step_row(r) for r in rows]
+        + [""]
+    )
     with open(path, "w") as f:
         f.write("\n".join(text))
     print(f"wrote {path}")

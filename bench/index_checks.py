@@ -5,6 +5,7 @@ The same model and batches run with the checks (as shipped) and with Trace.check
 possible here: torchtpu has no switch to turn them off), in alternating blocks in one process, so that machine
 noise hits both alike. Prints median step times and their ratio.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,10 +17,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 import torch  # noqa: E402
-
-import torchtpu  # noqa: E402
-from torchtpu import executor  # noqa: E402
 import train_gpt  # noqa: E402
+
+from torchtpu import executor  # noqa: E402
 
 
 def steps(model, opt, data, n):

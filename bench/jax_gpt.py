@@ -1,6 +1,7 @@
 """The ceiling for a training step: the examples' GPT written in JAX, the whole AdamW step in one ``jax.jit`` on the
 same XLA (here XLA:CPU). It starts from the PyTorch model's own parameters and takes the same batches, so its
 losses match PyTorch's (checked by bench/eager.py)."""
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,7 @@ def make_step(heads, layers, lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay
         loss, g = jax.value_and_grad(loss_fn)(p, idx, targets)
         n = n + 1
         b1, b2 = betas
-        c1, c2 = 1 - b1 ** n, 1 - b2 ** n
+        c1, c2 = 1 - b1**n, 1 - b2**n
         newp, newm, newv = {}, {}, {}
         for k in p:
             w = p[k] * (1 - lr * weight_decay)

@@ -5,6 +5,7 @@ blocks. A tpu step is timed to its end (synchronize), and its host part (until o
 
 Run: .venv/bin/python bench/optim.py [--steps 40] [--opt adamw|sgd]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,18 +16,19 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench")]
+sys.path[:0] = [os.path.join(ROOT, "examples"), os.path.join(ROOT, "tests", "tools"), os.path.join(ROOT, "bench")]
 
 import torch  # noqa: E402
-
-import torchtpu  # noqa: E402
 from eager import MODELS  # noqa: E402
 
+import torchtpu  # noqa: E402
 
 OPTIMIZERS = {
     "adamw": ("AdamW", lambda params, **kw: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01, **kw)),
-    "sgd": ("SGD (momentum 0.9, Nesterov)",
-            lambda params, **kw: torch.optim.SGD(params, lr=3e-3, momentum=0.9, nesterov=True, weight_decay=0.01, **kw)),
+    "sgd": (
+        "SGD (momentum 0.9, Nesterov)",
+        lambda params, **kw: torch.optim.SGD(params, lr=3e-3, momentum=0.9, nesterov=True, weight_decay=0.01, **kw),
+    ),
 }
 
 
@@ -61,11 +63,15 @@ def main():
     label, make_opt = OPTIMIZERS[a.opt]
     name = next(k for k in MODELS if "README" in k)
     build = MODELS[name]()[0]
-    variants = {"CPU foreach": variant(build, make_opt, "cpu", False), "CPU fused": variant(build, make_opt, "cpu", True)}
+    variants = {
+        "CPU foreach": variant(build, make_opt, "cpu", False),
+        "CPU fused": variant(build, make_opt, "cpu", True),
+    }
     for mode in ("strict", "fused"):
         for fused in (False, True):
-            variants[f"tpu {mode} mode, {'fused=True' if fused else 'foreach'}"] = variant(build, make_opt, "tpu", fused,
-                                                                                          mode)
+            variants[f"tpu {mode} mode, {'fused=True' if fused else 'foreach'}"] = variant(
+                build, make_opt, "tpu", fused, mode
+            )
     times = {k: [] for k in variants}
     c0 = torchtpu.metrics.counters().get("compiles", 0)
     for block in range(a.steps // 4):
@@ -75,11 +81,15 @@ def main():
             for _ in range(4):
                 times[k].append(run())
     compiles = torchtpu.metrics.counters().get("compiles", 0) - c0
-    med = {k: (statistics.median(t for t, _ in v[8:]), statistics.median(h for _, h in v[8:])) for k, v in times.items()}
+    med = {
+        k: (statistics.median(t for t, _ in v[8:]), statistics.median(h for _, h in v[8:])) for k, v in times.items()
+    }
     base = med["CPU foreach"][0]
     n = sum(p.numel() for p in build().parameters())
-    print(f"torchtpu {torchtpu.__version__}, torch {torch.__version__}; {label} over {n} parameters ({name}); "
-          f"CPU foreach step {base * 1e3:.2f} ms\n")
+    print(
+        f"torchtpu {torchtpu.__version__}, torch {torch.__version__}; {label} over {n} parameters ({name}); "
+        f"CPU foreach step {base * 1e3:.2f} ms\n"
+    )
     print(f"| {label} step | time / CPU foreach | host part / CPU foreach |\n| --- | --- | --- |")
     for k, (t, h) in med.items():
         print(f"| {k} | {t / base:.2f}x | {h / base:.2f}x |")

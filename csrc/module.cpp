@@ -1,8 +1,8 @@
 // Python bindings of torchtpu._C: device state, storage events, generators.
+#include <ATen/MemoryOverlap.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -23,8 +23,7 @@ namespace {
 
 torchtpu::TpuGeneratorImpl* generator_of(py::object gen, int64_t device_index) {
   if (gen.is_none()) {
-    return torchtpu::default_generator(static_cast<c10::DeviceIndex>(device_index))
-        .get<torchtpu::TpuGeneratorImpl>();
+    return torchtpu::default_generator(static_cast<c10::DeviceIndex>(device_index)).get<torchtpu::TpuGeneratorImpl>();
   }
   TORCH_CHECK(THPGenerator_Check(gen.ptr()), "expected a torch.Generator");
   auto& g = reinterpret_cast<THPGenerator*>(gen.ptr())->cdata;
@@ -99,8 +98,8 @@ void register_executor(py::module& m) {
   m.def("_set_fused_limits", &torchtpu::set_fused_limits);
   m.def("_set_chunk_cache_capacity", &torchtpu::set_chunk_cache_capacity);
   m.def("_clear_chunk_cache", &torchtpu::clear_chunk_cache);
-  m.def("_register_fragment", [](std::string label, std::string text, py::list deps, py::list params,
-                                 py::list scalars, py::list results, bool has_check) {
+  m.def("_register_fragment", [](std::string label, std::string text, py::list deps, py::list params, py::list scalars,
+                                 py::list results, bool has_check) {
     torchtpu::Fragment f;
     f.label = std::move(label);
     f.text = std::move(text);
@@ -192,10 +191,10 @@ void register_executor(py::module& m) {
   });
   m.def("_set_upload_host_copies", [](int64_t n) { torchtpu::set_upload_host_copies(n); });
   m.def("_set_exact_uploads", [](bool on) { return torchtpu::set_exact_uploads(on); });
-  m.def("_set_eager_buckets", [](bool on, std::vector<int64_t> sizes) { torchtpu::set_eager_buckets(on, std::move(sizes)); });
-  m.def("_set_rows", [](py::handle t, int64_t rows, int64_t row_bytes) {
-    torchtpu::set_rows(tensor_of(t), rows, row_bytes);
-  });
+  m.def("_set_eager_buckets",
+        [](bool on, std::vector<int64_t> sizes) { torchtpu::set_eager_buckets(on, std::move(sizes)); });
+  m.def("_set_rows",
+        [](py::handle t, int64_t rows, int64_t row_bytes) { torchtpu::set_rows(tensor_of(t), rows, row_bytes); });
   m.def("_rows_of", [](py::handle t) { return torchtpu::rows_of(tensor_of(t)); });
   m.def("_sym_of", [](py::handle t) { return torchtpu::sym_of(tensor_of(t)); });
   m.def("_storage_value_type", [](py::handle t) -> py::object {
@@ -216,8 +215,10 @@ void register_executor(py::module& m) {
       torchtpu::cut(static_cast<c10::DeviceIndex>(device), cause);
     }
   });
-  m.def("_pending_hashes", [](int64_t device) { return torchtpu::pending_hashes(static_cast<c10::DeviceIndex>(device)); });
-  m.def("_pending_describe", [](int64_t device) { return torchtpu::pending_describe(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_pending_hashes",
+        [](int64_t device) { return torchtpu::pending_hashes(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_pending_describe",
+        [](int64_t device) { return torchtpu::pending_describe(static_cast<c10::DeviceIndex>(device)); });
   m.def("_pending_ops", [](int64_t device) { return torchtpu::pending_ops(static_cast<c10::DeviceIndex>(device)); });
   m.def("_counters", []() {
     py::dict d;
@@ -281,7 +282,8 @@ PYBIND11_MODULE(_C, m) {
                     py::arg("live_buffers") = s.live_buffers, py::arg("total_buffers") = s.total_buffers,
                     py::arg("live_storages") = s.live_storages, py::arg("donated_bytes") = s.donated_bytes);
   });
-  m.def("_reset_peak_memory", [](int64_t device) { torchtpu::reset_peak_memory(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_reset_peak_memory",
+        [](int64_t device) { torchtpu::reset_peak_memory(static_cast<c10::DeviceIndex>(device)); });
   // CPU's out= aliasing checks, on tpu tensors' storage tokens (nothing is dereferenced).
   m.def("_assert_no_internal_overlap", [](const at::Tensor& t) { at::assert_no_internal_overlap(t); });
   m.def("_assert_no_overlap", [](const at::Tensor& a, const at::Tensor& b) { at::assert_no_overlap(a, b); });

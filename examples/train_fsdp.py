@@ -7,6 +7,7 @@ Each rank owns one tpu device and half of every batch; fully_shard splits each b
 ranks (all-gathered for compute, gradients reduce-scattered): XLA collective programs through the c10d backend
 "tpu". Rank 0 also trains the same model on the whole batches in one process on CPU and prints both losses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torchtpu  # noqa: E402,F401  (the "tpu" device and c10d backend)
 import train_gpt  # noqa: E402
+
+import torchtpu  # noqa: E402,F401  (the "tpu" device and c10d backend)
 
 
 def build():
@@ -53,7 +55,7 @@ def main():
     losses, times = [], []
     for x, y in batches:
         t0 = time.perf_counter()
-        x, y = x[rank * share:(rank + 1) * share].to("tpu"), y[rank * share:(rank + 1) * share].to("tpu")
+        x, y = x[rank * share : (rank + 1) * share].to("tpu"), y[rank * share : (rank + 1) * share].to("tpu")
         loss = model(x, y)
         opt.zero_grad()
         loss.backward()
@@ -72,8 +74,10 @@ def main():
             loss.backward()
             copt.step()
             ref.append(loss.item())
-        print(f"FSDP2 on {world} processes (tpu, c10d backend 'tpu') vs one process on CPU, {args.steps} AdamW "
-              f"steps, batch {args.batch}")
+        print(
+            f"FSDP2 on {world} processes (tpu, c10d backend 'tpu') vs one process on CPU, {args.steps} AdamW "
+            f"steps, batch {args.batch}"
+        )
         print(f"{'step':>4}  {'cpu':>9}  {'fsdp2 tpu':>9}")
         for i, (a, b) in enumerate(zip(ref, losses)):
             if i < 3 or i % 5 == 4 or i == len(ref) - 1:
@@ -81,9 +85,11 @@ def main():
         diff = max(abs(a - b) / abs(a) for a, b in zip(ref, losses))
         steady = sorted(times[2:])[len(times[2:]) // 2] if len(times) > 2 else times[-1]
         c = torchtpu.metrics.counters()
-        print(f"max relative loss difference {diff:.1e}; {steady * 1e3:.1f} ms per step after warm-up; "
-              f"collectives: {sum(v for k, v in c.items() if k.startswith('collective.'))}, compiles "
-              f"{c.get('compiles', 0)}, CPU fallbacks {sum(v for k, v in c.items() if k.startswith('fallback.'))}")
+        print(
+            f"max relative loss difference {diff:.1e}; {steady * 1e3:.1f} ms per step after warm-up; "
+            f"collectives: {sum(v for k, v in c.items() if k.startswith('collective.'))}, compiles "
+            f"{c.get('compiles', 0)}, CPU fallbacks {sum(v for k, v in c.items() if k.startswith('fallback.'))}"
+        )
     dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ Run: python examples/train_gpt.py [--steps 30]
 For each model: the loss curves side by side, the largest relative difference to CPU, the time per step of
 each mode against CPU, compiles per step, CPU fallbacks and host syncs; the torchtpu metrics report once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,18 @@ def hf_gpt2(vocab=64, ctx=32):
     """Hugging Face's GPT-2 (transformers 5.23), tiny config, random init: model code nobody here wrote."""
     import transformers
 
-    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=ctx, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=vocab,
+        n_positions=ctx,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     transformers.logging.set_verbosity_error()
     model = transformers.GPT2LMHeadModel(cfg)
     # the targets are the next tokens already (batches() shifts them), so the loss is taken on the logits
@@ -140,7 +151,10 @@ def side_by_side(title, build, steps, modes):
     cpu_t = sorted(runs["cpu"][1][1:])[len(runs["cpu"][1][1:]) // 2]
     for k, (_, ts, _) in runs.items():
         steady = sorted(ts[1:])[len(ts[1:]) // 2]
-        print(f"median step time {k:>6}: {steady * 1e3:8.1f} ms ({steady / cpu_t:5.2f}x cpu; first step {ts[0] * 1e3:.0f} ms)")
+        print(
+            f"median step time {k:>6}: {steady * 1e3:8.1f} ms ({steady / cpu_t:5.2f}x cpu; "
+            f"first step {ts[0] * 1e3:.0f} ms)"
+        )
     for m in modes:
         print(f"compiles per step, {m}: {runs[m][2]}")
     c = torchtpu.metrics.counters()
@@ -172,8 +186,17 @@ def fsdp2_on_two_processes(steps):
     print("\n=== FSDP2 on 2 processes: torchrun --nproc-per-node 2 examples/train_fsdp.py ===", flush=True)
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TORCHTPU_NUM_CPU_DEVICES="1")  # one device per process
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.join(here, "train_fsdp.py"), "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        os.path.join(here, "train_fsdp.py"),
+        "--steps",
+        str(steps),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     report = [ln for ln in out.stdout.splitlines() if ln.strip() and not ln.startswith("[Gloo]")]
     print("\n".join(report) if report else out.stderr[-3000:])

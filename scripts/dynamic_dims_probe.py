@@ -3,6 +3,7 @@ shapes" section rests on). Hand-written StableHLO through torchtpu's runtime; pr
 
     .venv/bin/python scripts/dynamic_dims_probe.py
 """
+
 import jax
 import numpy as np
 
@@ -33,7 +34,8 @@ module @probe {{
 """
 
 STATIC_CALLEE = TEXT.replace(f"@frag(%a: {DYN})", "@frag(%a: tensor<4x8xf32>)").replace(
-    f"%v = stablehlo.exponential %a : ({DYN}) -> tensor<4x8xf32>", "%v = stablehlo.exponential %a : tensor<4x8xf32>")
+    f"%v = stablehlo.exponential %a : ({DYN}) -> tensor<4x8xf32>", "%v = stablehlo.exponential %a : tensor<4x8xf32>"
+)
 
 
 # A bucketed storage fed back: its flat buffer holds the exact tensor's row-major data as a prefix (as results come
@@ -81,7 +83,8 @@ MEAN = "\n    ".join(
     f"    %f{k} = stablehlo.convert %c{k} : (tensor<i32>) -> tensor<f32>\n"
     f"    %b{k} = stablehlo.broadcast_in_dim %f{k}, dims = [] : (tensor<f32>) -> tensor<4xf32>\n"
     f"    %m{k if k else ''} = stablehlo.divide %s, %b{k} : tensor<4xf32>"
-    for k, src, ty in ((0, "%a", DYN), (2, "%v", "tensor<4x8xf32>"))).replace("%m0 ", "%m ")
+    for k, src, ty in ((0, "%a", DYN), (2, "%v", "tensor<4x8xf32>"))
+).replace("%m0 ", "%m ")
 
 # The leading dimension (a varying batch): padded and compact layouts are the same there, so a bucketed tensor is a
 # plain prefix of its storage. A matmul (dot_general) with a dynamic M inside a fragment, a softmax over the static
@@ -108,7 +111,10 @@ module @probe {{
     return %y, %cols : tensor<8x3xf32>, tensor<3xf32>
   }}
 }}
-""".replace("%ex = stablehlo.exponential %0", "%sub = stablehlo.subtract %y, %mxb : tensor<8x3xf32>\n    %ex = stablehlo.exponential %sub")
+""".replace(
+    "%ex = stablehlo.exponential %0",
+    "%sub = stablehlo.subtract %y, %mxb : tensor<8x3xf32>\n    %ex = stablehlo.exponential %sub",
+)
 
 
 def main():
@@ -116,17 +122,25 @@ def main():
     x = np.arange(32, dtype=np.float32).reshape(4, 8) / 100
     n = 3
     exe = rt.compile(TEXT)
-    rows, total, count, flat = (np.asarray(r) for r in rt.execute(
-        exe, [jax.device_put(x, rt.device(0)), jax.device_put(np.int32(n), rt.device(0))]))
+    rows, total, count, flat = (
+        np.asarray(r)
+        for r in rt.execute(exe, [jax.device_put(x, rt.device(0)), jax.device_put(np.int32(n), rt.device(0))])
+    )
     e = np.exp(x[:, :n])
-    print("sum over the dynamic dim:", rows.round(4), "expected", e.sum(1).round(4),
-          "masked" if np.allclose(rows, e.sum(1), rtol=1e-5) else "NOT masked")
+    print(
+        "sum over the dynamic dim:",
+        rows.round(4),
+        "expected",
+        e.sum(1).round(4),
+        "masked" if np.allclose(rows, e.sum(1), rtol=1e-5) else "NOT masked",
+    )
     print("sum over all dims:", round(float(total), 4), "expected", round(float(e.sum()), 4))
     print("get_dimension_size of a static-typed value:", int(count), f"(true size {n}, bound 8)")
-    print("reshape to 32 comes back compact (valid values first):",
-          np.allclose(flat[:4 * n], e.reshape(-1), rtol=1e-5))
+    print(
+        "reshape to 32 comes back compact (valid values first):", np.allclose(flat[: 4 * n], e.reshape(-1), rtol=1e-5)
+    )
     compact = np.zeros(32, np.float32)
-    compact[:4 * n] = np.arange(1, 4 * n + 1)
+    compact[: 4 * n] = np.arange(1, 4 * n + 1)
     want = np.arange(1, 4 * n + 1).reshape(4, n).sum(1)
     for name, split in SPLITS.items():
         exe = rt.compile(FEED_BACK.format(split=split.format(dyn=DYN), dyn=DYN))
@@ -134,23 +148,30 @@ def main():
         print(f"compact prefix fed back through {name}: row sums {np.asarray(got)} (want {want})")
     exe = rt.compile(COUNT.format(mean=MEAN))
     for size in (3, 5):
-        m, m2 = (np.asarray(r) for r in rt.execute(exe, [jax.device_put(x, rt.device(0)),
-                                                          jax.device_put(np.int32(size), rt.device(0))]))
+        m, m2 = (
+            np.asarray(r)
+            for r in rt.execute(exe, [jax.device_put(x, rt.device(0)), jax.device_put(np.int32(size), rt.device(0))])
+        )
         want = np.exp(x[:, :size]).mean(1)
-        print(f"mean over the dynamic dim (size {size}, one executable): get_dimension_size of the bounded parameter "
-              f"{'right' if np.allclose(m, want, rtol=1e-5) else 'WRONG'}, of a static-typed intermediate "
-              f"{'right' if np.allclose(m2, want, rtol=1e-5) else 'wrong (the bound)'}")
+        print(
+            f"mean over the dynamic dim (size {size}, one executable): get_dimension_size of the bounded parameter "
+            f"{'right' if np.allclose(m, want, rtol=1e-5) else 'WRONG'}, of a static-typed intermediate "
+            f"{'right' if np.allclose(m2, want, rtol=1e-5) else 'wrong (the bound)'}"
+        )
     exe = rt.compile(LEADING)
     xl = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
     w = np.linspace(0.5, -0.5, 12, dtype=np.float32).reshape(4, 3)
     for size in (3, 6):
-        y, cols = (np.asarray(r) for r in rt.execute(exe, [jax.device_put(a, rt.device(0)) for a in
-                                                          (xl, w, np.int32(size))]))
+        y, cols = (
+            np.asarray(r) for r in rt.execute(exe, [jax.device_put(a, rt.device(0)) for a in (xl, w, np.int32(size))])
+        )
         yy = xl[:size] @ w
         pp = np.exp(yy - yy.max(1, keepdims=True))
         pp /= pp.sum(1, keepdims=True)
-        print(f"leading dim (size {size} of 8, one executable): matmul rows {'right' if np.allclose(y.reshape(-1)[:size * 3], yy.reshape(-1), rtol=1e-5) else 'WRONG'} "
-              f"(result shape {y.shape}), softmax then sum over the dynamic dim {'masked' if np.allclose(cols, pp.sum(0), rtol=1e-5) else 'NOT masked'}")
+        print(
+            f"leading dim (size {size} of 8, one executable): matmul rows {'right' if np.allclose(y.reshape(-1)[: size * 3], yy.reshape(-1), rtol=1e-5) else 'WRONG'} "
+            f"(result shape {y.shape}), softmax then sum over the dynamic dim {'masked' if np.allclose(cols, pp.sum(0), rtol=1e-5) else 'NOT masked'}"
+        )
     try:
         rt.compile(STATIC_CALLEE)
         print("func.call with a static-typed callee: accepted")

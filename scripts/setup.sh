@@ -13,7 +13,7 @@ fi
 .venv/bin/python -m pip install -q -r requirements.txt
 .venv/bin/python -m pip install -q -r requirements-test.txt
 # torchvision's PyPI wheel is a CUDA build: --no-deps keeps the pinned CPU torch, and a directory of its own keeps
-# it out of site-packages (tests/zoo.py explains why).
+# it out of site-packages (tests/tools/zoo.py explains why).
 if [ ! -d .venv/extra/torchvision/torchvision ]; then
   .venv/bin/python -m pip install -q --no-deps --target .venv/extra/torchvision torchvision==0.28.0
 fi

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The whole suite twice, side by side: once in the default eager mode (strict) and once with fused eager as the
 # default mode (every test must pass in every mode). Tests marked pins_mode set the modes they run in themselves, so
-# one pass runs them (the fused one; tests/test_opinfo.py splits its samples over the two passes). A pytest keeps
+# one pass runs them (the fused one; tests/lowering/test_opinfo.py splits its samples over the two passes). A pytest keeps
 # about one core busy (XLA:CPU compiles and runs are mostly serial): on the 2-core machine the passes took 29.7 and
 # 30.2 min side by side in a fresh clone (2026-12-01), where they took 25 + 22 min one after the other.
 # Arguments (test paths, pytest options) replace the default `tests` in both runs. Exits non-zero if either pass
 # fails; the fused pass's output follows the strict pass's.
+# The format and lint checks (scripts/lint.sh) run first: a tree they fail is not tested.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/lint.sh || { echo "lint failed: bash scripts/lint.sh --fix rewrites the files"; exit 1; }
 [ $# -gt 0 ] || set -- tests --durations=15  # the slowest tests, for keeping CI within its budget
 log=$(mktemp -t torchtpu-fused-pass.XXXXXX)
 TORCHTPU_MODE=fused TORCHTPU_TEST_PINNED=run .venv/bin/python -m pytest -p no:cacheprovider "$@" >"$log" 2>&1 &

@@ -2,8 +2,8 @@ import os
 
 # Two XLA:CPU devices, so tpu:1 is tested as tpu:0 is (must be set before torch autoloads torchtpu).
 os.environ.setdefault("TORCHTPU_NUM_CPU_DEVICES", "2")
-# The suite compiles thousands of one-op programs: keep them out of the user's disk cache (tests/test_cache_disk.py
-# turns the disk tier on where it is tested).
+# The suite compiles thousands of one-op programs: keep them out of the user's disk cache
+# (tests/runtime/test_cache_disk.py turns the disk tier on where it is tested).
 os.environ.setdefault("TORCHTPU_CACHE_DIR", "")
 # XLA's backend (LLVM) at optimization level 0: XLA:CPU compiles are ~80% of the OpInfo sweep's time and level 0
 # takes ~20% off each (bench: the sweep's float32 samples of 160 ops, 29.0 -> 22.9 s; the suite ~14%), while the HLO
@@ -11,10 +11,16 @@ os.environ.setdefault("TORCHTPU_CACHE_DIR", "")
 # XLA's default level; processes the tests start inherit this.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
-import pytest
-import torch
+import sys
 
-import torchtpu  # noqa: F401  (registers the "tpu" device)
+# tests import the helpers in tests/tools (zoo, sweeps) and the models in examples/ by their module names
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_HERE, "tools"), os.path.join(os.path.dirname(_HERE), "examples")]
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torchtpu  # noqa: E402,F401  (registers the "tpu" device)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,6 +3,7 @@
 ``import torchtpu`` (or plain ``import torch``, through the ``torch.backends`` entry point)
 renames PrivateUse1 to "tpu", registers ``torch.tpu`` and every kernel.
 """
+
 from __future__ import annotations
 
 from . import config  # noqa: F401  (every TORCHTPU_* knob)
@@ -15,13 +16,16 @@ def _autoload():
     NOTE: defined before `import torch`, because that import may itself autoload us.
     """
 
-import atexit
 
-import torch
+import atexit  # noqa: E402  (after _autoload: see its note)
+
+import torch  # noqa: E402
 
 if torch._C._get_privateuse1_backend_name() != "tpu":
     torch.utils.rename_privateuse1_backend("tpu")
 
+# the order below is the order of registration
+# isort: off
 from . import _C  # noqa: E402  (the C++ half: allocator, guard, hooks, generator, metadata ops)
 from . import device as _device_module  # noqa: E402
 from . import runtime as _runtime  # noqa: E402
@@ -37,6 +41,7 @@ from . import kernels as _kernels  # noqa: E402
 from . import fallback as _fallback  # noqa: E402
 from . import shapes as _shapes  # noqa: E402  (registers the eager bucketing lowerers and its Python kernels)
 from .shapes import set_shape_buckets  # noqa: E402
+# isort: on
 
 _shapes.eager_buckets.sync()  # the C++ path's bucketing, as the policy says
 _C._set_callbacks(_kernels.callbacks())
@@ -73,4 +78,15 @@ def sync() -> None:
     _sync()
 
 
-__all__ = ["__version__", "advise", "config", "get_mode", "jax_op", "metrics", "mode", "set_mode", "set_shape_buckets", "sync"]
+__all__ = [
+    "__version__",
+    "advise",
+    "config",
+    "get_mode",
+    "jax_op",
+    "metrics",
+    "mode",
+    "set_mode",
+    "set_shape_buckets",
+    "sync",
+]

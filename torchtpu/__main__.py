@@ -8,6 +8,7 @@ advise  runs the script; after ``--warmup`` optimizer steps it runs the advisor 
 Both: ``--mode strict|fused|debug``; ``--cuda-as-tpu`` runs a script written for ``device="cuda"`` on tpu and
 lists what it redirected.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,6 @@ class _Steps:
     """Counts optimizer steps through torch's global post-step hook and calls `on_step(n)` after each."""
 
     def __init__(self, on_step):
-        import torch
 
         self.n = 0
         self.on_step = on_step
@@ -101,22 +101,32 @@ def main(argv=None) -> int:
         if a.cmd == "advise" and "record" in state:  # the script ended inside the recorded step
             state["record"].__exit__(None, None, None)
         if a.cmd == "advise" and not state.get("done"):
-            print(f"[torchtpu] advise: the script made {steps.n} optimizer step(s); the advisor needs "
-                  f"{a.warmup + 2} (--warmup {a.warmup} + 2)", file=out)
+            print(
+                f"[torchtpu] advise: the script made {steps.n} optimizer step(s); the advisor needs "
+                f"{a.warmup + 2} (--warmup {a.warmup} + 2)",
+                file=out,
+            )
         if a.cmd == "run":
             c = metrics.counters()
             fb = sum(v for k, v in c.items() if k.startswith("fallback."))
-            print(f"[torchtpu] {steps.n} optimizer steps; in all: ops {c.get('ops', 0)}, programs run "
-                  f"{c.get('executions', 0)}, compiles {c.get('compiles', 0)} ({c.get('compile_seconds', 0):.1f} s), "
-                  f"host syncs {c.get('host_syncs', 0)}, CPU fallbacks {fb}", file=out, flush=True)
+            print(
+                f"[torchtpu] {steps.n} optimizer steps; in all: ops {c.get('ops', 0)}, programs run "
+                f"{c.get('executions', 0)}, compiles {c.get('compiles', 0)} ({c.get('compile_seconds', 0):.1f} s), "
+                f"host syncs {c.get('host_syncs', 0)}, CPU fallbacks {fb}",
+                file=out,
+                flush=True,
+            )
             if a.report:
                 print(metrics.report(), file=out, flush=True)
         if a.cuda_as_tpu:
             from torchtpu import cuda_as_tpu
 
-            print("[torchtpu] --cuda-as-tpu redirected: " + (", ".join(f"{k} x{v}" for k, v in
-                                                                      cuda_as_tpu.redirected()) or "nothing"),
-                  file=out, flush=True)
+            print(
+                "[torchtpu] --cuda-as-tpu redirected: "
+                + (", ".join(f"{k} x{v}" for k, v in cuda_as_tpu.redirected()) or "nothing"),
+                file=out,
+                flush=True,
+            )
         del torch
     return 0
 

@@ -2,9 +2,9 @@
 
 The advisor runs the step to warm up, then once plainly (its time, host syncs, recompiles, fallbacks), then once
 in strict mode while it records every ATen op (a dispatch mode: name, shapes, dtypes, the Python line that issued
-it) with XLA's cost analysis (flops, bytes) of the op's own program. Per op it models flops and bytes (matmuls and convolutions exactly,
-other ops as their element and byte counts), places each op on the roofline of a TPU generation (``TPUS``: peak
-bfloat16 matmul flops and HBM bandwidth from Google's public specs) and reports:
+it) with XLA's cost analysis (flops, bytes) of the op's own program. Per op it models flops and bytes (matmuls and
+convolutions exactly, other ops as their element and byte counts), places each op on the roofline of a TPU generation
+(``TPUS``: peak bfloat16 matmul flops and HBM bandwidth from Google's public specs) and reports:
 - matmul/convolution dimensions that are not multiples of the matrix unit (128 on v5e/v5p, 256 on v6e), with the
   padding waste in percent;
 - attention head dimensions outside {128, 256} (the contraction of a ``q @ k^T`` whose result is square);
@@ -16,6 +16,7 @@ bfloat16 matmul flops and HBM bandwidth from Google's public specs) and reports:
 - an estimated step time on the chosen TPU against the step time measured here.
 Text report (``Report.text()``) plus a roofline plot (``Report.plot(path)``, PNG).
 """
+
 from __future__ import annotations
 
 import collections
@@ -31,12 +32,24 @@ from . import _C, cache, executor, kernels, metrics
 
 # Public specs, per chip: peak dense bfloat16 flops/s and HBM bandwidth bytes/s; the matrix unit's side.
 TPUS = {
-    "v5e": {"bf16_flops": 197e12, "hbm_bytes": 819e9, "mxu": 128,
-            "source": "https://cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 819 GB/s HBM2)"},
-    "v5p": {"bf16_flops": 459e12, "hbm_bytes": 2765e9, "mxu": 128,
-            "source": "https://cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 2765 GB/s HBM2e)"},
-    "v6e": {"bf16_flops": 918e12, "hbm_bytes": 1640e9, "mxu": 256,
-            "source": "https://cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 1640 GB/s HBM)"},
+    "v5e": {
+        "bf16_flops": 197e12,
+        "hbm_bytes": 819e9,
+        "mxu": 128,
+        "source": "https://cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 819 GB/s HBM2)",
+    },
+    "v5p": {
+        "bf16_flops": 459e12,
+        "hbm_bytes": 2765e9,
+        "mxu": 128,
+        "source": "https://cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 2765 GB/s HBM2e)",
+    },
+    "v6e": {
+        "bf16_flops": 918e12,
+        "hbm_bytes": 1640e9,
+        "mxu": 256,
+        "source": "https://cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 1640 GB/s HBM)",
+    },
 }
 # float32 matmuls at full precision run as several bfloat16 passes on the matrix unit (XLA's HIGHEST: 6, HIGH: 3);
 # the model takes 3 (an optimistic bound for what bfloat16 saves).
@@ -46,8 +59,17 @@ VPU_FRACTION = 1 / 16
 SMALL_OP_US = 1.0  # ops modelled below this cannot amortize a program launch / kernel prologue
 _MATMULS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "addbmm", "_scaled_dot_product_attention_math"}
 _CONVS = {"convolution", "convolution_backward"}
-_METADATA = {"detach", "alias", "_unsafe_view", "lift_fresh", "set_", "resize_", "empty", "empty_strided",
-             "_local_scalar_dense"}
+_METADATA = {
+    "detach",
+    "alias",
+    "_unsafe_view",
+    "lift_fresh",
+    "set_",
+    "resize_",
+    "empty",
+    "empty_strided",
+    "_local_scalar_dense",
+}
 
 
 @dataclasses.dataclass
@@ -137,8 +159,13 @@ class _Recorder(TorchDispatchMode):
         if any(t.device.type == "tpu" for t in flat) or (isinstance(out, torch.Tensor) and out.device.type == "tpu"):
             name = func.name().split("::")[-1]
             outs = out if isinstance(out, (list, tuple)) else [out]
-            op = Op(name, [tuple(t.shape) for t in flat], [t.dtype for t in flat],
-                    [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)], _user_line())
+            op = Op(
+                name,
+                [tuple(t.shape) for t in flat],
+                [t.dtype for t in flat],
+                [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)],
+                _user_line(),
+            )
             _model(op, flat, out)
             if mine:
                 op.xla = (sum(p[0] for p in mine), sum(p[1] for p in mine))
@@ -160,8 +187,16 @@ class Report:
     # -- findings ---------------------------------------------------------------------------------------
     @classmethod
     def of(cls, probe: "_Probe", record: "_Record", generation: str) -> "Report":
-        return cls(record.rec.ops, record.programs, probe.seconds, probe.syncs, probe.compiles, probe.lowered,
-                   probe.fallbacks, generation)
+        return cls(
+            record.rec.ops,
+            record.programs,
+            probe.seconds,
+            probe.syncs,
+            probe.compiles,
+            probe.lowered,
+            probe.fallbacks,
+            generation,
+        )
 
     def tpu(self):
         return TPUS[self.generation]
@@ -186,8 +221,14 @@ class Report:
             if op.kind == "matmul" and op.out_shapes and len(op.out_shapes[0]) >= 2:
                 s = op.out_shapes[0]
                 batch, m, k, n = op.dims
-                if batch > 1 and s[-1] == s[-2] and m == n and k != m and k not in (128, 256) \
-                        and not op.line.startswith("("):  # a forward q @ k^T (scores: square per batch)
+                if (
+                    batch > 1
+                    and s[-1] == s[-2]
+                    and m == n
+                    and k != m
+                    and k not in (128, 256)
+                    and not op.line.startswith("(")
+                ):  # a forward q @ k^T (scores: square per batch)
                     out[(k, op.line)] += 1
         return out
 
@@ -208,24 +249,32 @@ class Report:
     # -- output ---------------------------------------------------------------------------------------------
     def text(self) -> str:
         tpu = self.tpu()
-        L = [f"torchtpu advisor: one step, {len(self.ops)} ops on tpu, modelled for TPU {self.generation} "
-             f"({tpu['source']})"]
+        L = [
+            f"torchtpu advisor: one step, {len(self.ops)} ops on tpu, modelled for TPU {self.generation} "
+            f"({tpu['source']})"
+        ]
         flops = sum(o.flops for o in self.ops)
         nbytes = sum(o.bytes for o in self.ops)
         xf = sum(p[0] for p in self.programs)
         xb = sum(p[1] for p in self.programs)
         with_xla = sum(1 for o in self.ops if o.xla)
-        L.append(f"  XLA's cost analysis of the {len(self.programs)} program(s) the step ran (one per op): "
-                 f"{xf / 1e9:.3f} GFLOP, {xb / 2**20:.1f} MiB accessed; {with_xla} of {len(self.ops)} ops carry their "
-                 f"program's figures, the others the model's (matmul/conv flops exactly, elements and bytes "
-                 f"otherwise: {flops / 1e9:.3f} GFLOP, {nbytes / 2**20:.1f} MiB over all ops)")
+        L.append(
+            f"  XLA's cost analysis of the {len(self.programs)} program(s) the step ran (one per op): "
+            f"{xf / 1e9:.3f} GFLOP, {xb / 2**20:.1f} MiB accessed; {with_xla} of {len(self.ops)} ops carry their "
+            f"program's figures, the others the model's (matmul/conv flops exactly, elements and bytes "
+            f"otherwise: {flops / 1e9:.3f} GFLOP, {nbytes / 2**20:.1f} MiB over all ops)"
+        )
         est = self.estimate_s()
-        L.append(f"  estimated step on {self.generation}: {_fmt(est)} (each op at its roofline, unfused); measured "
-                 f"here: {_fmt(self.measured_s)}. By generation: " +
-                 ", ".join(f"{g} {_fmt(self.estimate_s(g))}" for g in TPUS))
+        L.append(
+            f"  estimated step on {self.generation}: {_fmt(est)} (each op at its roofline, unfused); measured "
+            f"here: {_fmt(self.measured_s)}. By generation: "
+            + ", ".join(f"{g} {_fmt(self.estimate_s(g))}" for g in TPUS)
+        )
         pad = self.padding()
-        L.append(f"\n[matrix unit {tpu['mxu']}x{tpu['mxu']}] {len(pad)} matmul/conv op(s) with dimensions that are "
-                 f"not multiples of {tpu['mxu']}:")
+        L.append(
+            f"\n[matrix unit {tpu['mxu']}x{tpu['mxu']}] {len(pad)} matmul/conv op(s) with dimensions that are "
+            f"not multiples of {tpu['mxu']}:"
+        )
         seen = set()
         for waste, op in pad:
             key = (op.name, op.dims, op.line)
@@ -233,8 +282,10 @@ class Report:
                 continue
             seen.add(key)
             b, m, k, n = op.dims
-            L.append(f"  {waste * 100:5.1f}% padding waste  {op.name} M={m} K={k} N={n}"
-                     f"{f' batch={b}' if b > 1 else ''}  at {op.line}")
+            L.append(
+                f"  {waste * 100:5.1f}% padding waste  {op.name} M={m} K={k} N={n}"
+                f"{f' batch={b}' if b > 1 else ''}  at {op.line}"
+            )
             if len(seen) >= 8:
                 L.append(f"  ... {len(pad) - 8} more")
                 break
@@ -242,18 +293,23 @@ class Report:
         if heads:
             L.append("\n[attention] head dimensions outside {128, 256} (the MXU runs q@k^T at hd/128 of its width):")
             for (hd, line), n in heads.items():
-                L.append(f"  head dim {hd} ({n} score matmul(s)) at {line}: use 128 (or 256 on v6e), e.g. fewer, "
-                         "wider heads")
+                L.append(
+                    f"  head dim {hd} ({n} score matmul(s)) at {line}: use 128 (or 256 on v6e), e.g. fewer, wider heads"
+                )
         f32, share = self.f32_matmuls()
         if f32:
-            L.append(f"\n[precision] {len(f32)} float32 matmul/conv op(s), {share * 100:.0f}% of the matmul flops: "
-                     f"on the MXU float32 costs ~{F32_MATMUL_PASSES} bfloat16 passes; "
-                     "`with torch.autocast('tpu', dtype=torch.bfloat16):` around the forward runs them in bfloat16 "
-                     f"(modelled step: {_fmt(self._estimate_bf16())} instead of {_fmt(est)})")
+            L.append(
+                f"\n[precision] {len(f32)} float32 matmul/conv op(s), {share * 100:.0f}% of the matmul flops: "
+                f"on the MXU float32 costs ~{F32_MATMUL_PASSES} bfloat16 passes; "
+                "`with torch.autocast('tpu', dtype=torch.bfloat16):` around the forward runs them in bfloat16 "
+                f"(modelled step: {_fmt(self._estimate_bf16())} instead of {_fmt(est)})"
+            )
         small = self.small_ops()
-        L.append(f"\n[small ops] {len(small)} of {len(self.ops)} ops model below {SMALL_OP_US} µs on "
-                 f"{self.generation}: alone they cannot reach the roofline; fused mode (torchtpu.set_mode('fused')) "
-                 "or torch.compile(backend='tpu') runs them inside larger programs")
+        L.append(
+            f"\n[small ops] {len(small)} of {len(self.ops)} ops model below {SMALL_OP_US} µs on "
+            f"{self.generation}: alone they cannot reach the roofline; fused mode (torchtpu.set_mode('fused')) "
+            "or torch.compile(backend='tpu') runs them inside larger programs"
+        )
         for name, n in collections.Counter(o.name for o in small).most_common(6):
             L.append(f"  {name:<32} {n}")
         L.append(f"\n[host syncs] {sum(n for _, n in self.host_syncs)} in the step")
@@ -272,8 +328,12 @@ class Report:
         total = 0.0
         for o in self.ops:
             if o.kind in ("matmul", "conv"):
-                o2 = dataclasses.replace(o, dtypes=[torch.bfloat16] * len(o.dtypes), bytes=o.bytes / 2,
-                                         xla=(o.xla[0], o.xla[1] / 2) if o.xla else None)
+                o2 = dataclasses.replace(
+                    o,
+                    dtypes=[torch.bfloat16] * len(o.dtypes),
+                    bytes=o.bytes / 2,
+                    xla=(o.xla[0], o.xla[1] / 2) if o.xla else None,
+                )
                 total += o2.seconds(tpu)
             else:
                 total += o.seconds(tpu)
@@ -289,13 +349,18 @@ class Report:
         fig, ax = plt.subplots(figsize=(7, 5))
         xs = [max(o.flops / max(o.bytes, 1.0), 1e-3) for o in self.ops]
         perf = [o.flops / max(o.seconds(tpu), 1e-15) for o in self.ops]
-        colors = ["tab:red" if o.kind == "matmul" else "tab:orange" if o.kind == "conv" else "tab:blue"
-                  for o in self.ops]
+        colors = [
+            "tab:red" if o.kind == "matmul" else "tab:orange" if o.kind == "conv" else "tab:blue" for o in self.ops
+        ]
         ax.scatter(xs, perf, c=colors, s=12, alpha=0.6)
         grid = [10 ** (i / 20) for i in range(-60, 100)]
         ax.plot(grid, [min(tpu["bf16_flops"], g * tpu["hbm_bytes"]) for g in grid], "k-", label="bf16 matmul roof")
-        ax.plot(grid, [min(tpu["bf16_flops"] * VPU_FRACTION, g * tpu["hbm_bytes"]) for g in grid], "k--",
-                label="vector roof (model)")
+        ax.plot(
+            grid,
+            [min(tpu["bf16_flops"] * VPU_FRACTION, g * tpu["hbm_bytes"]) for g in grid],
+            "k--",
+            label="vector roof (model)",
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (flop/byte)")
@@ -338,7 +403,7 @@ class _Probe:
             s1 = collections.Counter(metrics._sync_lines)
         self.syncs = sorted((s1 - self.s0).items(), key=lambda kv: -kv[1])
         self.compiles = c1.get("compiles", 0) - self.c0.get("compiles", 0)
-        fb = {k[len("fallback."):]: c1.get(k, 0) - self.c0.get(k, 0) for k in c1 if k.startswith("fallback.")}
+        fb = {k[len("fallback.") :]: c1.get(k, 0) - self.c0.get(k, 0) for k in c1 if k.startswith("fallback.")}
         self.fallbacks = {k: v for k, v in fb.items() if v}
         return False
 

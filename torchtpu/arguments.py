@@ -38,9 +38,21 @@ def device_index(opname, args, kwargs) -> int:
                 if dev is None:
                     dev = x.device
                 elif x.device != dev:
-                    raise op_error(opname, args, kwargs, f"Expected all tensors to be on the same device, but found at least two devices, {dev} and {x.device}")
+                    raise op_error(
+                        opname,
+                        args,
+                        kwargs,
+                        "Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{dev} and {x.device}",
+                    )
             elif x.dim() != 0 or x.device.type != "cpu":
-                raise op_error(opname, args, kwargs, f"Expected all tensors to be on the same device, but found at least two devices, tpu and {x.device} (move the {x.device} tensor with .to('tpu'))")
+                raise op_error(
+                    opname,
+                    args,
+                    kwargs,
+                    "Expected all tensors to be on the same device, but found at least two devices, "
+                    f"tpu and {x.device} (move the {x.device} tensor with .to('tpu'))",
+                )
     if dev is None:
         d = kwargs.get("device")
         return (d.index or 0) if isinstance(d, torch.device) and d.index is not None else torch.tpu.current_device()

@@ -15,6 +15,7 @@ are loaded only from a directory the user owns that no one else can write (else 
 tier only). The directory is bounded by TORCHTPU_CACHE_MAX_BYTES (default 4 GiB), least recently used first
 out (a hit refreshes the file's time).
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,7 +37,11 @@ _memory: collections.OrderedDict = collections.OrderedDict()
 MAX_ENTRIES = config.get("cache_entries")
 MAX_DISK_BYTES = config.get("cache_max_bytes")
 MAGIC = b"torchtpu-executable-v1\n"
-ENTRY_SUFFIXES = (".xla", ".aot", ".bin")  # executables; compiled graphs' AOTAutograd results (compile.py); op tables (optable.py)
+ENTRY_SUFFIXES = (
+    ".xla",
+    ".aot",
+    ".bin",
+)  # executables; compiled graphs' AOTAutograd results (compile.py); op tables (optable.py)
 _context: str | None = None
 _disk_state: dict = {}  # "dir": the directory in use (None: off), "why": why not
 
@@ -54,9 +59,18 @@ def context_key(runtime) -> str:
                 cpu = next((l for l in f if l.startswith("flags")), "")
         except OSError:
             cpu = platform.processor()
-        _context = "|".join([info["platform"], info["platform_version"], info["device_kind"], jaxlib.__version__,
-                             torch.__version__, __version__, os.environ.get("XLA_FLAGS", ""),
-                             hashlib.sha256(cpu.encode()).hexdigest()[:16]])
+        _context = "|".join(
+            [
+                info["platform"],
+                info["platform_version"],
+                info["device_kind"],
+                jaxlib.__version__,
+                torch.__version__,
+                __version__,
+                os.environ.get("XLA_FLAGS", ""),
+                hashlib.sha256(cpu.encode()).hexdigest()[:16],
+            ]
+        )
     return _context
 
 
@@ -93,9 +107,11 @@ def disk_dir() -> str | None:
         except OSError as e:
             why = f"{path}: {e}"
         if why is not None:
-            warnings.warn(f"torchtpu: the disk cache is off: {why}; serialized executables are machine code, so "
-                          "they are only loaded from a directory only you can write. Using the memory cache only.",
-                          stacklevel=3)
+            warnings.warn(
+                f"torchtpu: the disk cache is off: {why}; serialized executables are machine code, so "
+                "they are only loaded from a directory only you can write. Using the memory cache only.",
+                stacklevel=3,
+            )
     _disk_state["dir"] = None if why else path
     _disk_state["why"] = why
     return _disk_state["dir"]
@@ -136,7 +152,7 @@ def read_entry(path: str, magic: bytes, context: str):
         return None
     end = data.find(b"\n", len(magic))
     try:
-        header = json.loads(data[len(magic):end])
+        header = json.loads(data[len(magic) : end])
         size, digest, ctx = int(header["size"]), header["sha256"], header["context"]
     except (ValueError, KeyError, TypeError):
         bad_entry(path, "has a corrupt header")
@@ -144,7 +160,7 @@ def read_entry(path: str, magic: bytes, context: str):
     if ctx != context:
         bad_entry(path, "was written by another version or platform")
         return None
-    payload = data[end + 1:]
+    payload = data[end + 1 :]
     if len(payload) != size:
         bad_entry(path, f"is truncated ({len(payload)} of {size} bytes)")
         return None
@@ -163,8 +179,9 @@ def write_entry(path: str, magic: bytes, context: str, payload: bytes, **extra) 
     """Writes an entry file (magic, header with the context, payload length and sha256, payload) to a temporary file
     in its directory and renames it into place: readers see the whole entry or none, concurrent writers are safe."""
     d = os.path.dirname(path)
-    header = json.dumps({"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "context": context,
-                         **extra})
+    header = json.dumps(
+        {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "context": context, **extra}
+    )
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
     try:
         with os.fdopen(fd, "wb") as f:

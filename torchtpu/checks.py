@@ -4,6 +4,7 @@ A rule adds a check with ``Trace.check``; the op's own program returns (flag, fi
 one int64 vector. The executor keeps the vectors of launched chunks in C++ and hands them here at a host read
 or a sync (strict, fused), or at once (debug mode), never per op.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,7 +26,12 @@ def verify(raw, deferred: bool) -> None:
         opname, messages = _MESSAGES[fragment]
         for i, (exc, msg) in enumerate(messages):
             if v[2 * i]:
-                where = (f"issued at {line}; tpu ops run asynchronously, so this surfaces at a later op or "
-                         "synchronization, as a cuda device-side assert does; TORCHTPU_MODE=debug raises at the op"
-                         ) if deferred else f"at {line}"
+                where = (
+                    (
+                        f"issued at {line}; tpu ops run asynchronously, so this surfaces at a later op or "
+                        "synchronization, as a cuda device-side assert does; TORCHTPU_MODE=debug raises at the op"
+                    )
+                    if deferred
+                    else f"at {line}"
+                )
                 raise exc(f"tpu: {opname} ({where}): {msg.format(value=int(v[2 * i + 1]))}")

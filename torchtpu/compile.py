@@ -20,6 +20,7 @@ then run op by op.
 the true sizes are runtime values of the program, inputs and outputs are compact tensors of their exact sizes.
 A graph the interpreter cannot run padded is captured per exact size (counted, warned once).
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -48,7 +49,6 @@ def _register_fake_impls() -> None:
     """Fake-tensor rules for ops whose torch meta kernel refuses what tpu runs (Dynamo traces with them)."""
     from torch._subclasses import fake_impls
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
-
 
     def on_tpu(args):
         return isinstance(args[0], torch.Tensor) and args[0].device.type == "tpu"
@@ -164,8 +164,14 @@ class TpuGraph:
             return outs
         info = _C._program_info(pid)
         self._register_checks(info, check_frags)
-        template = [_CpuConstant(o) if isinstance(o, torch.Tensor) and self._constant_output(o)
-                    else None if isinstance(o, torch.Tensor) else (o,) for o in outs]
+        template = [
+            _CpuConstant(o)
+            if isinstance(o, torch.Tensor) and self._constant_output(o)
+            else None
+            if isinstance(o, torch.Tensor)
+            else (o,)
+            for o in outs
+        ]
         self.programs.append((key, pid, template))
         metrics.inc("compile.captures")
         metrics.inc("compile.captured_ops", info["ops"])
@@ -187,8 +193,9 @@ class TpuGraph:
         device = tensors[0].device
         flats = [None] * len(args)
         try:
-            caps = {i: plan.capacity(plan.in_shapes[i][1], values) for i in plan.tensor_inputs()
-                    if plan.padded_input(i)}
+            caps = {
+                i: plan.capacity(plan.in_shapes[i][1], values) for i in plan.tensor_inputs() if plan.padded_input(i)
+            }
         except shapes.Unsupported as e:  # a size expression without a rule
             self._declines(key, str(e))
             return None
@@ -196,8 +203,9 @@ class TpuGraph:
             flats[i] = _flat_capacity(args[i], cap)
         with executor.exact_uploads():
             sizes = torch.tensor(values, dtype=torch.int64).to(device)
-        prog_tensors = [flats[i] if flats[i] is not None else a for i, a in enumerate(args)
-                        if isinstance(a, torch.Tensor)] + [sizes]
+        prog_tensors = [
+            flats[i] if flats[i] is not None else a for i, a in enumerate(args) if isinstance(a, torch.Tensor)
+        ] + [sizes]
         for k, pid, template in self.programs:
             if k == key:
                 outs = _C._run_program(pid, prog_tensors)
@@ -257,8 +265,11 @@ class TpuGraph:
         metrics.inc("compile.bucket_declined")
         if not self.bucket_warned:
             self.bucket_warned = True
-            warnings.warn(f"torchtpu: a compiled {self.kind} graph with symbolic sizes is captured per exact size, "
-                          f"not per bucket: {why}", stacklevel=4)
+            warnings.warn(
+                f"torchtpu: a compiled {self.kind} graph with symbolic sizes is captured per exact size, "
+                f"not per bucket: {why}",
+                stacklevel=4,
+            )
 
     def _constant_output(self, t) -> bool:
         """A CPU tensor the graph returns, made from its constants (DeBERTa's forward returns its attention scale,
@@ -352,8 +363,11 @@ def _draws_on_cpu(gm) -> bool:
     if graph is None:
         return True
     for n in graph.nodes:
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
-                torch.Tag.nondeterministic_seeded in n.target.tags:
+        if (
+            n.op == "call_function"
+            and isinstance(n.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in n.target.tags
+        ):
             val = n.meta.get("val")
             vals = [v for v in (val if isinstance(val, (tuple, list)) else [val]) if isinstance(v, torch.Tensor)]
             if not vals or any(v.device.type == "cpu" for v in vals):
@@ -367,8 +381,10 @@ def _why_not(tensors) -> str | None:
     devices = {(t.device.type, t.device.index) for t in tensors}
     if len(devices) > 1:
         kinds = ", ".join(sorted(f"{d}:{i}" if i is not None else d for d, i in devices))
-        return f"its inputs are on several devices ({kinds}); CPU inputs (e.g. an optimizer's step counters) " \
-               "are read on the host at every call"
+        return (
+            f"its inputs are on several devices ({kinds}); CPU inputs (e.g. an optimizer's step counters) "
+            "are read on the host at every call"
+        )
     if tensors[0].device.type != "tpu":
         return "its inputs are not on tpu"
     return None
@@ -429,9 +445,13 @@ def backend(gm, example_inputs, **kwargs):
     before = dict(counters["aot_autograd"])
     # NOTE: min_cut_rematerialization_partition (Inductor's) measured no faster on the small GPT step here
     with _aot_cache():
-        out = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                           inference_compiler=_compiler("inference"), decompositions=_decompositions(),
-                           keep_inference_input_mutations=True)(gm, example_inputs, **kwargs)
+        out = aot_autograd(
+            fw_compiler=_compiler("forward"),
+            bw_compiler=_compiler("backward"),
+            inference_compiler=_compiler("inference"),
+            decompositions=_decompositions(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs, **kwargs)
     for what in ("hit", "miss", "bypass"):
         if counters["aot_autograd"][f"autograd_cache_{what}"] > before.get(f"autograd_cache_{what}", 0):
             metrics.inc(f"compile.aot_cache_{what}")
@@ -573,11 +593,12 @@ def _aot_cache():
 
     # force_non_lazy_backward_lowering: the backward graph is handed to us (and its entry saved) inside this call,
     # not at the first backward, when torch's cache would no longer point here
-    with fconfig.patch(enable_autograd_cache=True, bundled_autograd_cache=True,
-                       force_non_lazy_backward_lowering=True), \
-            unittest.mock.patch.object(ac.AOTAutogradCacheDetails, "_init_fx_graph_hash_details", details), \
-            unittest.mock.patch.object(ac.AOTAutogradCache, "_write_to_local_cache", staticmethod(write)), \
-            unittest.mock.patch.object(ac.AOTAutogradCache, "iterate_over_candidates", staticmethod(candidates)):
+    with (
+        fconfig.patch(enable_autograd_cache=True, bundled_autograd_cache=True, force_non_lazy_backward_lowering=True),
+        unittest.mock.patch.object(ac.AOTAutogradCacheDetails, "_init_fx_graph_hash_details", details),
+        unittest.mock.patch.object(ac.AOTAutogradCache, "_write_to_local_cache", staticmethod(write)),
+        unittest.mock.patch.object(ac.AOTAutogradCache, "iterate_over_candidates", staticmethod(candidates)),
+    ):
         yield
 
 

@@ -38,36 +38,95 @@ def _knob(name, env, type_, default, doc, read="import", choices=()):
     KNOBS[name] = Knob(name, env, type_, default, doc, read, choices)
 
 
-_knob("mode", "TORCHTPU_MODE", str, "strict", "The eager mode: strict, fused or debug (docs/modes.md).",
-      choices=("strict", "debug", "fused"))
+_knob(
+    "mode",
+    "TORCHTPU_MODE",
+    str,
+    "strict",
+    "The eager mode: strict, fused or debug (docs/modes.md).",
+    choices=("strict", "debug", "fused"),
+)
 _knob("check_nans", "TORCHTPU_CHECK_NANS", _flag, "0", "debug mode: check every op's results for NaN/Inf.")
 _knob("platform", "TORCHTPU_PLATFORM", str, "cpu", "The PJRT platform: cpu, tpu or cuda.")
 _knob("num_cpu_devices", "TORCHTPU_NUM_CPU_DEVICES", int, "1", "XLA:CPU devices in this process (tests of tpu:1).")
-_knob("fallback", "TORCHTPU_FALLBACK", str, "warn",
-      "Ops without a lowering rule: warn (once per op), error, or silent; always counted.", read="call",
-      choices=("warn", "error", "silent"))
-_knob("cache_dir", "TORCHTPU_CACHE_DIR", str, "~/.cache/torchtpu",
-      "The disk cache of executables, graphs and the op table; empty turns it off.", read="call")
+_knob(
+    "fallback",
+    "TORCHTPU_FALLBACK",
+    str,
+    "warn",
+    "Ops without a lowering rule: warn (once per op), error, or silent; always counted.",
+    read="call",
+    choices=("warn", "error", "silent"),
+)
+_knob(
+    "cache_dir",
+    "TORCHTPU_CACHE_DIR",
+    str,
+    "~/.cache/torchtpu",
+    "The disk cache of executables, graphs and the op table; empty turns it off.",
+    read="call",
+)
 _knob("cache_entries", "TORCHTPU_CACHE_ENTRIES", int, "1024", "Executables kept in memory (least recently used out).")
 _knob("cache_max_bytes", "TORCHTPU_CACHE_MAX_BYTES", int, str(4 << 30), "The disk cache's size bound.")
 _knob("optable", "TORCHTPU_OPTABLE", _flag, "1", "Keep the op table (lowered signatures) on disk.", read="call")
-_knob("shape_buckets", "TORCHTPU_SHAPE_BUCKETS", str, "pow2",
-      "How varying sizes are bucketed: pow2, a list of sizes (8,16,64) or off (torchtpu.set_shape_buckets).")
-_knob("buckets_debug", "TORCHTPU_BUCKETS_DEBUG", _flag, "0",
-      "Say why a bucketed op runs at its exact sizes (each argument's forms and storage codes).", read="call")
-_knob("compile_max_programs", "TORCHTPU_COMPILE_MAX_PROGRAMS", int, "8",
-      "Input layouts captured per torch.compile graph before it runs op by op.")
+_knob(
+    "shape_buckets",
+    "TORCHTPU_SHAPE_BUCKETS",
+    str,
+    "pow2",
+    "How varying sizes are bucketed: pow2, a list of sizes (8,16,64) or off (torchtpu.set_shape_buckets).",
+)
+_knob(
+    "buckets_debug",
+    "TORCHTPU_BUCKETS_DEBUG",
+    _flag,
+    "0",
+    "Say why a bucketed op runs at its exact sizes (each argument's forms and storage codes).",
+    read="call",
+)
+_knob(
+    "compile_max_programs",
+    "TORCHTPU_COMPILE_MAX_PROGRAMS",
+    int,
+    "8",
+    "Input layouts captured per torch.compile graph before it runs op by op.",
+)
 _knob("fused_max_ops", "TORCHTPU_FUSED_MAX_OPS", int, "4096", "fused: ops in one chunk before a size cut.")
-_knob("fused_repeat_min_ops", "TORCHTPU_FUSED_REPEAT_MIN_OPS", int, "256",
-      "fused: the shortest repeated body that is cut so one program serves every repeat.")
-_knob("fused_read_split_min_ops", "TORCHTPU_FUSED_READ_SPLIT_MIN_OPS", int, "64",
-      "fused: a host read of a value this many ops before the chunk's end launches the ops it needs first.")
-_knob("fused_repeat_min_weight", "TORCHTPU_FUSED_REPEAT_MIN_WEIGHT", int, "1024",
-      "fused: the least weight (ops times tensor size) of a repeated body worth a cut.")
-_knob("fused_program_cut_ops", "TORCHTPU_FUSED_PROGRAM_CUT_OPS", int, "64",
-      "fused: a compiled graph's program of this many ops or more launches at once instead of fusing.")
-_knob("distributed_checks", "TORCHTPU_DISTRIBUTED_CHECKS", _flag, "1",
-      "Check that every rank issues the same collective (a fingerprint over gloo).")
+_knob(
+    "fused_repeat_min_ops",
+    "TORCHTPU_FUSED_REPEAT_MIN_OPS",
+    int,
+    "256",
+    "fused: the shortest repeated body that is cut so one program serves every repeat.",
+)
+_knob(
+    "fused_read_split_min_ops",
+    "TORCHTPU_FUSED_READ_SPLIT_MIN_OPS",
+    int,
+    "64",
+    "fused: a host read of a value this many ops before the chunk's end launches the ops it needs first.",
+)
+_knob(
+    "fused_repeat_min_weight",
+    "TORCHTPU_FUSED_REPEAT_MIN_WEIGHT",
+    int,
+    "1024",
+    "fused: the least weight (ops times tensor size) of a repeated body worth a cut.",
+)
+_knob(
+    "fused_program_cut_ops",
+    "TORCHTPU_FUSED_PROGRAM_CUT_OPS",
+    int,
+    "64",
+    "fused: a compiled graph's program of this many ops or more launches at once instead of fusing.",
+)
+_knob(
+    "distributed_checks",
+    "TORCHTPU_DISTRIBUTED_CHECKS",
+    _flag,
+    "1",
+    "Check that every rank issues the same collective (a fingerprint over gloo).",
+)
 
 _set: dict[str, Any] = {}
 _listeners: dict[str, list] = {}

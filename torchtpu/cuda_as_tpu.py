@@ -7,6 +7,7 @@ to the tpu device of the same index, and (2) ``torch.cuda``'s device-management 
 ``get_device_name``), ``torch.autocast("cuda")`` and ``GradScaler("cuda")`` as their tpu twins. Every redirect is
 counted; ``redirected()`` lists them (``python -m torchtpu run --cuda-as-tpu`` prints the list at exit).
 """
+
 from __future__ import annotations
 
 import collections

@@ -1,4 +1,5 @@
 """``torch.tpu``: the device module (registered with torch._register_device_module)."""
+
 from __future__ import annotations
 
 import contextlib

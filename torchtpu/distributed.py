@@ -15,6 +15,7 @@ same ranks. ``Work.wait()`` returns at once: like a cuda stream, the results are
 A rank that dies makes the others' next collective fail (XLA's collective or the distributed runtime's heartbeat)
 within the process group's timeout (``timeout=`` of ``init_process_group``), naming the collective.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -44,13 +45,17 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
     with _lock:
         if _joined:
             if (_joined["rank"], _joined["world"]) != (rank, world):
-                raise RuntimeError(f"torchtpu: this process joined a distributed run as rank {_joined['rank']} of "
-                                   f"{_joined['world']}; a default group as rank {rank} of {world} cannot join another")
+                raise RuntimeError(
+                    f"torchtpu: this process joined a distributed run as rank {_joined['rank']} of "
+                    f"{_joined['world']}; a default group as rank {rank} of {world} cannot join another"
+                )
             return
         rt = runtime.get()
         if rt._backend is not None:
-            raise RuntimeError("torchtpu: init_process_group('tpu') must come before the first tpu op of the process: "
-                               "its XLA client joins the other ranks' when it starts, and it has started")
+            raise RuntimeError(
+                "torchtpu: init_process_group('tpu') must come before the first tpu op of the process: "
+                "its XLA client joins the other ranks' when it starts, and it has started"
+            )
         if rank == 0:
             store.set("torchtpu/coordinator", f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{_free_port()}")
         address = store.get("torchtpu/coordinator").decode()
@@ -61,12 +66,16 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
         # by default jax's client terminates the process when the distributed runtime finds a rank gone (missed
         # heartbeats); torch's contract is an error in the collectives instead: the job stays "recoverable"
         jax.config.update("jax_enable_recoverability", True)
-        jax.distributed.initialize(coordinator_address=address, num_processes=world, process_id=rank,
-                                   initialization_timeout=seconds,
-                                   # a third of the group's timeout: a failed collective can name the lost rank
-                                   # (the runtime's view, _lost) well within the timeout
-                                   heartbeat_timeout_seconds=min(100, max(5, seconds // 3)),
-                                   shutdown_timeout_seconds=max(10, seconds))
+        jax.distributed.initialize(
+            coordinator_address=address,
+            num_processes=world,
+            process_id=rank,
+            initialization_timeout=seconds,
+            # a third of the group's timeout: a failed collective can name the lost rank
+            # (the runtime's view, _lost) well within the timeout
+            heartbeat_timeout_seconds=min(100, max(5, seconds // 3)),
+            shutdown_timeout_seconds=max(10, seconds),
+        )
         _joined.update(rank=rank, world=world, store=leave, timeout=timeout)
         atexit.register(_leave)
 
@@ -107,8 +116,10 @@ def _leave() -> None:
             jax.distributed.shutdown()
             store.set(f"torchtpu/left/{rank}", "1")
         else:
-            store.wait([f"torchtpu/left/{r}" for r in range(1, world)],
-                       datetime.timedelta(seconds=min(30.0, _joined["timeout"].total_seconds())))
+            store.wait(
+                [f"torchtpu/left/{r}" for r in range(1, world)],
+                datetime.timedelta(seconds=min(30.0, _joined["timeout"].total_seconds())),
+            )
             jax.distributed.shutdown()
     except Exception:  # noqa: BLE001 (a peer already gone: leave anyway)
         pass
@@ -229,20 +240,25 @@ class ProcessGroupTpu(dist.ProcessGroup):
             from jax.sharding import PartitionSpec as P
 
             specs = {"r": P("r"), "": P()}
-            f = jax.jit(jax.shard_map(body, mesh=mesh or self._mesh, in_specs=specs[in_spec],
-                                      out_specs=specs[out_spec], check_vma=False))
+            f = jax.jit(
+                jax.shard_map(
+                    body, mesh=mesh or self._mesh, in_specs=specs[in_spec], out_specs=specs[out_spec], check_vma=False
+                )
+            )
             self._fns[key] = f
         return f
 
     def _global(self, arr, mesh=None):
         """The group-wide array whose shard on this rank's device is arr (stacked along dim 0)."""
         import jax
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
         mesh = mesh or self._mesh
         n = mesh.devices.size
-        return jax.make_array_from_single_device_arrays((n * arr.shape[0],) + tuple(arr.shape[1:]),
-                                                        NamedSharding(mesh, P("r")), [arr])
+        return jax.make_array_from_single_device_arrays(
+            (n * arr.shape[0],) + tuple(arr.shape[1:]), NamedSharding(mesh, P("r")), [arr]
+        )
 
     def _run(self, name, key, body, arr, in_spec="r", out_spec="", mesh=None):
         metrics.inc(f"collective.{name}")
@@ -252,8 +268,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
             out = self._fn((name,) + key, body, in_spec, out_spec, mesh)(self._global(arr, mesh))
             return out.addressable_data(0)
         except Exception as e:  # noqa: BLE001 (name the collective, the group, the shapes and who is gone)
-            raise RuntimeError(f"torchtpu: collective {name} on group {self._global_ranks} (this is rank "
-                               f"{self._rank}) with {tuple(arr.shape)} {arr.dtype} failed{self._lost()}: {e}") from e
+            raise RuntimeError(
+                f"torchtpu: collective {name} on group {self._global_ranks} (this is rank "
+                f"{self._rank}) with {tuple(arr.shape)} {arr.dtype} failed{self._lost()}: {e}"
+            ) from e
 
     def _agree(self, name, key, arr) -> None:
         """Before a collective program, the ranks compare what they are about to run (the collective, its reduce op,
@@ -265,14 +283,18 @@ class ProcessGroupTpu(dist.ProcessGroup):
         try:
             self._gloo.allgather([got], [mine]).wait()
         except Exception as e:  # noqa: BLE001 (a rank that never arrives: the group's timeout)
-            raise RuntimeError(f"torchtpu: collective {name} #{self._seq} on group {self._global_ranks} (this is rank "
-                               f"{self._rank}): not every rank arrived within the group's timeout "
-                               f"({self._timeout}){self._lost()}: {e}") from e
+            raise RuntimeError(
+                f"torchtpu: collective {name} #{self._seq} on group {self._global_ranks} (this is rank "
+                f"{self._rank}): not every rank arrived within the group's timeout "
+                f"({self._timeout}){self._lost()}: {e}"
+            ) from e
         if any(not torch.equal(g, mine) for g in got):
             calls = "; ".join(f"rank {r}: {_describe(g)}" for r, g in enumerate(got))
-            raise RuntimeError(f"torchtpu: the ranks of group {self._global_ranks} called different collectives: "
-                               f"{calls}. Every rank must call the same collectives, in the same order, with the same "
-                               "shapes and dtypes")
+            raise RuntimeError(
+                f"torchtpu: the ranks of group {self._global_ranks} called different collectives: "
+                f"{calls}. Every rank must call the same collectives, in the same order, with the same "
+                "shapes and dtypes"
+            )
 
     def _lost(self) -> str:
         """', rank(s) ... lost' when the distributed runtime no longer sees some of the group's processes."""
@@ -298,8 +320,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
     def _check_device(self, ts):
         for t in ts:
             if t.device.type == "tpu" and (t.device.index or 0) != self._local_index:
-                raise RuntimeError(f"torchtpu: rank {self._rank} of this group runs on tpu:{self._local_index}; got "
-                                   f"a tensor on {t.device}")
+                raise RuntimeError(
+                    f"torchtpu: rank {self._rank} of this group runs on tpu:{self._local_index}; got "
+                    f"a tensor on {t.device}"
+                )
 
     # -- reductions -------------------------------------------------------------------------------------------
     @staticmethod
@@ -408,7 +432,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         whole = self._all_gather(_value(t))  # every rank's t, stacked along dim 0
         rows = (tuple(t.shape) or (1,))[0]
         for i, o in enumerate(outs):
-            _assign(o, whole[i * rows:(i + 1) * rows])
+            _assign(o, whole[i * rows : (i + 1) * rows])
 
     def all_gather_single(self, output_tensor, input_tensor, opts=None):
         """all_gather_into_tensor: output is the inputs concatenated along dim 0."""
@@ -493,7 +517,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
             stacked = torch.zeros(self._size * out.numel(), dtype=out.dtype, device=out.device)
         everyone = self._from_root(_value(stacked), opts.rootRank, "scatter")
         k = out.numel()
-        _assign(out, everyone[self._rank * k:(self._rank + 1) * k])
+        _assign(out, everyone[self._rank * k : (self._rank + 1) * k])
         return _done(output_tensors)
 
     # -- all to all ----------------------------------------------------------------------------------------------
@@ -522,7 +546,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         chunks, start = [], 0
         flat = input.reshape(input.shape[0], per)
         for s in ins:
-            c = flat[start:start + s]
+            c = flat[start : start + s]
             chunks.append(torch.nn.functional.pad(c, (0, 0, 0, width - s)))
             start += s
         padded = torch.cat(chunks) if chunks else flat.new_zeros((0, per))
@@ -531,7 +555,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         got = self._run("all_to_all", (str(arr.dtype), "padded"), body, arr, out_spec="r")
         tmp = torch.empty((n * width, per), dtype=input.dtype, device=input.device)
         _assign(tmp, got.reshape((n * width, per)))
-        pieces = [tmp[j * width:j * width + outs[j]] for j in range(n)]
+        pieces = [tmp[j * width : j * width + outs[j]] for j in range(n)]
         output.copy_(torch.cat(pieces).reshape(output.shape))
         return _done([output])
 
@@ -546,7 +570,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         self.all_to_all_single(out, inp, outs, ins, opts)
         start = 0
         for o, s in zip(output_tensors, outs):
-            o.copy_(out[start:start + s].reshape(o.shape))
+            o.copy_(out[start : start + s].reshape(o.shape))
             start += s
         return _done(output_tensors)
 
@@ -580,8 +604,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
         return _done(tensors)
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("torchtpu: recv from any source is not supported on tpu (an XLA program names its peers); "
-                           "pass src=")
+        raise RuntimeError(
+            "torchtpu: recv from any source is not supported on tpu (an XLA program names its peers); pass src="
+        )
 
     def barrier(self, opts=None):
         t = torch.zeros(1, device=torch.device("tpu", self._local_index))
@@ -602,8 +627,23 @@ class ProcessGroupTpu(dist.ProcessGroup):
 CHECKS = config.get("distributed_checks")
 _NAMES = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "scatter", "send_recv"]
 _REDUCE = ["", "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
-_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
-           "float32", "float64", "complex64", "complex128"]
+_DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 _FP = 12
 
 
@@ -612,14 +652,14 @@ def _fingerprint(seq, name, key, arr) -> torch.Tensor:
     dt = str(arr.dtype)
     shape = list(arr.shape)
     v = [seq, _NAMES.index(name), _REDUCE.index(op), _DTYPES.index(dt) if dt in _DTYPES else -1, len(shape)]
-    v += (shape + [0] * (_FP - 5))[:_FP - 5]
+    v += (shape + [0] * (_FP - 5))[: _FP - 5]
     return torch.tensor(v, dtype=torch.int64)
 
 
 def _describe(fp: torch.Tensor) -> str:
     v = fp.tolist()
     op = f" {_REDUCE[v[2]]}" if v[2] else ""
-    return f"{_NAMES[v[1]]}{op} #{v[0]} of {tuple(v[5:5 + v[4]])} {_DTYPES[v[3]] if v[3] >= 0 else '?'}"
+    return f"{_NAMES[v[1]]}{op} #{v[0]} of {tuple(v[5 : 5 + v[4]])} {_DTYPES[v[3]] if v[3] >= 0 else '?'}"
 
 
 def _max_opts():

@@ -3,6 +3,7 @@
 Everything that converts between the three (the StableHLO printer, buffers coming back from PJRT, host
 transfers, JAX lowerings) reads this table.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,13 +11,21 @@ import torch
 
 # torch dtype -> (StableHLO element type, numpy dtype name as jax spells it)
 _TABLE = {
-    torch.float32: ("f32", "float32"), torch.float64: ("f64", "float64"), torch.float16: ("f16", "float16"),
+    torch.float32: ("f32", "float32"),
+    torch.float64: ("f64", "float64"),
+    torch.float16: ("f16", "float16"),
     torch.bfloat16: ("bf16", "bfloat16"),
-    torch.complex64: ("complex<f32>", "complex64"), torch.complex128: ("complex<f64>", "complex128"),
-    torch.int8: ("i8", "int8"), torch.int16: ("i16", "int16"), torch.int32: ("i32", "int32"),
+    torch.complex64: ("complex<f32>", "complex64"),
+    torch.complex128: ("complex<f64>", "complex128"),
+    torch.int8: ("i8", "int8"),
+    torch.int16: ("i16", "int16"),
+    torch.int32: ("i32", "int32"),
     torch.int64: ("i64", "int64"),
-    torch.uint8: ("ui8", "uint8"), torch.uint16: ("ui16", "uint16"), torch.uint32: ("ui32", "uint32"),
-    torch.uint64: ("ui64", "uint64"), torch.bool: ("i1", "bool"),
+    torch.uint8: ("ui8", "uint8"),
+    torch.uint16: ("ui16", "uint16"),
+    torch.uint32: ("ui32", "uint32"),
+    torch.uint64: ("ui64", "uint64"),
+    torch.bool: ("i1", "bool"),
 }
 _FROM_NP = {np_name: dt for dt, (_, np_name) in _TABLE.items()}
 _BITS_UINT = {8: torch.uint8, 16: torch.uint16, 32: torch.uint32, 64: torch.uint64}

@@ -3,6 +3,7 @@
 Each helper checks nothing beyond what it needs; shape/dtype errors are caught earlier
 by the op's meta kernel, which names the ATen op.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,9 @@ from .hlo import Value, _attr_array, _list, literal, region, scalar_region, tens
 
 # -- constants, shapes, dtypes ------------------------------------------------------------------
 def const(fn, value, dtype, shape=()) -> Value:
-    v = fn.op("stablehlo.constant", [], (), dtype, attrs=f"value = dense<{literal(value, dtype)}> : {tensor_type((), dtype)}")
+    v = fn.op(
+        "stablehlo.constant", [], (), dtype, attrs=f"value = dense<{literal(value, dtype)}> : {tensor_type((), dtype)}"
+    )
     return broadcast_to(v, shape) if tuple(shape) else v
 
 
@@ -90,7 +93,9 @@ def transpose(x: Value, perm) -> Value:
     perm = [int(p) for p in perm]
     if perm == list(range(x.rank)):
         return x
-    return x.fn.op("stablehlo.transpose", [x], [x.shape[p] for p in perm], x.dtype, f"permutation = {_attr_array(perm)}")
+    return x.fn.op(
+        "stablehlo.transpose", [x], [x.shape[p] for p in perm], x.dtype, f"permutation = {_attr_array(perm)}"
+    )
 
 
 def broadcast_in_dim(x: Value, shape, dims) -> Value:
@@ -130,8 +135,12 @@ def slice_(x: Value, starts, limits, strides=None) -> Value:
         return x
     shape = [max(0, -(-(l - s) // st)) for s, l, st in zip(starts, limits, strides)]
     return x.fn.op(
-        "stablehlo.slice", [x], shape, x.dtype,
-        f"start_indices = {_attr_array(starts)}, limit_indices = {_attr_array(limits)}, strides = {_attr_array(strides)}",
+        "stablehlo.slice",
+        [x],
+        shape,
+        x.dtype,
+        f"start_indices = {_attr_array(starts)}, limit_indices = {_attr_array(limits)}, "
+        f"strides = {_attr_array(strides)}",
     )
 
 
@@ -153,8 +162,12 @@ def pad(x: Value, padval: Value, low, high, interior=None) -> Value:
     interior = interior or [0] * x.rank
     shape = [lo + s + hi + max(0, s - 1) * it for s, lo, hi, it in zip(x.shape, low, high, interior)]
     return x.fn.op(
-        "stablehlo.pad", [x, padval], shape, x.dtype,
-        f"edge_padding_low = {_attr_array(low)}, edge_padding_high = {_attr_array(high)}, interior_padding = {_attr_array(interior)}",
+        "stablehlo.pad",
+        [x, padval],
+        shape,
+        x.dtype,
+        f"edge_padding_low = {_attr_array(low)}, edge_padding_high = {_attr_array(high)}, "
+        f"interior_padding = {_attr_array(interior)}",
     )
 
 
@@ -217,8 +230,12 @@ def compare(a: Value, b: Value, direction: str) -> Value:
     else:
         kind = "SIGNED"
     return a.fn.op(
-        "stablehlo.compare", [a, b], shape, torch.bool,
-        f"comparison_direction = #stablehlo<comparison_direction {direction}>, compare_type = #stablehlo<comparison_type {kind}>",
+        "stablehlo.compare",
+        [a, b],
+        shape,
+        torch.bool,
+        f"comparison_direction = #stablehlo<comparison_direction {direction}>, "
+        f"compare_type = #stablehlo<comparison_type {kind}>",
     )
 
 
@@ -246,8 +263,12 @@ def reduce(x: Value, init: Value, dims, op_name: str) -> Value:
     dims = sorted(int(d) for d in dims)
     shape = [s for i, s in enumerate(x.shape) if i not in dims]
     return x.fn.op(
-        "stablehlo.reduce", [x, init], shape, x.dtype,
-        f"dimensions = {_attr_array(dims)}", scalar_region(op_name, x.dtype),
+        "stablehlo.reduce",
+        [x, init],
+        shape,
+        x.dtype,
+        f"dimensions = {_attr_array(dims)}",
+        scalar_region(op_name, x.dtype),
     )
 
 
@@ -257,7 +278,9 @@ def reduce_multi(xs: Sequence[Value], inits: Sequence[Value], dims, body_lines, 
     results = [([s for i, s in enumerate(x.shape) if i not in dims], x.dtype) for x in xs]
     types = [tensor_type((), x.dtype) for x in xs] * 2
     reg = region(list(zip(arg_names, types)), body_lines)
-    return xs[0].fn.op_multi("stablehlo.reduce", list(xs) + list(inits), results, f"dimensions = {_attr_array(dims)}", reg)
+    return xs[0].fn.op_multi(
+        "stablehlo.reduce", list(xs) + list(inits), results, f"dimensions = {_attr_array(dims)}", reg
+    )
 
 
 # -- linear algebra ------------------------------------------------------------------------------
@@ -267,16 +290,23 @@ def dot_general(a: Value, b: Value, lhs_batch, rhs_batch, lhs_contract, rhs_cont
     rfree = [b.shape[d] for d in range(b.rank) if d not in rhs_batch and d not in rhs_contract]
     attrs = (
         "dot_dimension_numbers = #stablehlo.dot<"
-        + (f"lhs_batching_dimensions = {_list(lhs_batch)}, rhs_batching_dimensions = {_list(rhs_batch)}, " if lhs_batch else "")
+        + (
+            f"lhs_batching_dimensions = {_list(lhs_batch)}, rhs_batching_dimensions = {_list(rhs_batch)}, "
+            if lhs_batch
+            else ""
+        )
         + f"lhs_contracting_dimensions = {_list(lhs_contract)}, rhs_contracting_dimensions = {_list(rhs_contract)}>"
     )
     return a.fn.op("stablehlo.dot_general", [a, b], lb + lfree + rfree, dtype or a.dtype, attrs)
 
 
 # -- indexing ------------------------------------------------------------------------------------
-def gather(operand: Value, indices: Value, offset_dims, collapsed, start_index_map, index_vector_dim, slice_sizes, out_shape) -> Value:
+def gather(
+    operand: Value, indices: Value, offset_dims, collapsed, start_index_map, index_vector_dim, slice_sizes, out_shape
+) -> Value:
     attrs = (
-        f"dimension_numbers = #stablehlo.gather<offset_dims = {_list(offset_dims)}, collapsed_slice_dims = {_list(collapsed)}, "
+        f"dimension_numbers = #stablehlo.gather<offset_dims = {_list(offset_dims)}, "
+        f"collapsed_slice_dims = {_list(collapsed)}, "
         f"start_index_map = {_list(start_index_map)}, index_vector_dim = {index_vector_dim}>, "
         f"slice_sizes = {_attr_array(slice_sizes)}, indices_are_sorted = false"
     )
@@ -287,12 +317,29 @@ def take_along_flat(flat: Value, idx: Value) -> Value:
     """flat: 1-D; idx: int64 of any shape -> flat[idx]."""
     n = idx.numel
     i2 = reshape(idx, (n, 1))
-    g = gather(flat, i2, offset_dims=[], collapsed=[0], start_index_map=[0], index_vector_dim=1, slice_sizes=[1], out_shape=(n,))
+    g = gather(
+        flat,
+        i2,
+        offset_dims=[],
+        collapsed=[0],
+        start_index_map=[0],
+        index_vector_dim=1,
+        slice_sizes=[1],
+        out_shape=(n,),
+    )
     return reshape(g, idx.shape)
 
 
-def scatter(operand: Value, indices: Value, updates: Value, update_window_dims, inserted_window_dims,
-            scatter_dims_to_operand_dims, index_vector_dim, combiner: str | None) -> Value:
+def scatter(
+    operand: Value,
+    indices: Value,
+    updates: Value,
+    update_window_dims,
+    inserted_window_dims,
+    scatter_dims_to_operand_dims,
+    index_vector_dim,
+    combiner: str | None,
+) -> Value:
     """combiner: None = replace, else a stablehlo binary op name (e.g. 'stablehlo.add')."""
     t = tensor_type((), operand.dtype)
     if combiner is None:
@@ -301,7 +348,8 @@ def scatter(operand: Value, indices: Value, updates: Value, update_window_dims, 
         reg = scalar_region(combiner, operand.dtype)
     attrs = (
         f"scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = {_list(update_window_dims)}, "
-        f"inserted_window_dims = {_list(inserted_window_dims)}, scatter_dims_to_operand_dims = {_list(scatter_dims_to_operand_dims)}, "
+        f"inserted_window_dims = {_list(inserted_window_dims)}, "
+        f"scatter_dims_to_operand_dims = {_list(scatter_dims_to_operand_dims)}, "
         f"index_vector_dim = {index_vector_dim}>, indices_are_sorted = false, unique_indices = false"
     )
     return operand.fn.op("stablehlo.scatter", [operand, indices, updates], operand.shape, operand.dtype, attrs, reg)
@@ -315,7 +363,9 @@ def scatter_flat(flat: Value, idx: Value, updates: Value, combiner=None) -> Valu
 
 def rng_bit_generator(state: Value, shape, dtype=torch.uint64) -> tuple[Value, Value]:
     new_state, bits = state.fn.op_multi(
-        "stablehlo.rng_bit_generator", [state], [(state.shape, state.dtype), (shape, dtype)],
+        "stablehlo.rng_bit_generator",
+        [state],
+        [(state.shape, state.dtype), (shape, dtype)],
         "rng_algorithm = #stablehlo<rng_algorithm PHILOX>",
     )
     return new_state, bits

@@ -1,4 +1,5 @@
 """Error messages that name the op, its inputs (shapes, dtypes, devices) and the user's line."""
+
 from __future__ import annotations
 
 import os

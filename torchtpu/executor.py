@@ -10,6 +10,7 @@ raises its errors at the op, with the Python line; ``fused`` records ops and cut
 fallbacks, a mode switch, the size cap and the repeated-structure rule. One path: strict is fused with a cut
 after every op, debug is strict plus a wait.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,9 +36,13 @@ _C._set_chunk_cache_capacity(cache.MAX_ENTRIES)
 
 def fused_limits_from_env() -> None:
     """The fused-mode cut policy's knobs (docs/modes.md), read from torchtpu.config."""
-    _C._set_fused_limits(config.get("fused_max_ops"), config.get("fused_repeat_min_ops"),
-                         config.get("fused_read_split_min_ops"), config.get("fused_repeat_min_weight"),
-                         config.get("fused_program_cut_ops"))
+    _C._set_fused_limits(
+        config.get("fused_max_ops"),
+        config.get("fused_repeat_min_ops"),
+        config.get("fused_read_split_min_ops"),
+        config.get("fused_repeat_min_weight"),
+        config.get("fused_program_cut_ops"),
+    )
 
 
 fused_limits_from_env()
@@ -145,8 +150,13 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
     # a contiguous run of a buffer not much larger (a bucketed program's exact-size output, the compact prefix of
     # its capacity): the buffer is read and the run cut out on the host, with no program per size
     start = t.storage_offset()
-    run = (not whole and dtype == t.dtype and not (t.is_conj() or t.is_neg()) and V.is_contiguous(t.shape, t.stride())
-           and start + t.numel() <= math.prod(shape) <= 4 * t.numel() + 16384)
+    run = (
+        not whole
+        and dtype == t.dtype
+        and not (t.is_conj() or t.is_neg())
+        and V.is_contiguous(t.shape, t.stride())
+        and start + t.numel() <= math.prod(shape) <= 4 * t.numel() + 16384
+    )
     src = t
     if not whole and not run:  # a view, another dtype or a resized storage: one small program makes it contiguous
         src = torch.empty(t.shape, dtype=t.dtype, device=t.device)
@@ -163,7 +173,7 @@ def read_host(t: torch.Tensor, cause: str) -> torch.Tensor:
         raise RuntimeError(f"tpu: reading a tensor failed: {e}") from e
     metrics.inc("transfers.d2h")
     metrics.inc("bytes.d2h", t.numel() * t.element_size())
-    out.copy_(host.reshape(-1)[start:start + t.numel()].reshape(t.shape) if run else host.reshape(t.shape))
+    out.copy_(host.reshape(-1)[start : start + t.numel()].reshape(t.shape) if run else host.reshape(t.shape))
     return out
 
 
@@ -206,8 +216,9 @@ def _checking_nans(launcher, results):
                 a = a.astype(np.complex128 if a.dtype.kind == "c" else np.float32)
                 if not np.isfinite(a).all():
                     bad = "NaN" if np.isnan(a).any() else "Inf"
-                    raise FloatingPointError(f"produced {bad} (TORCHTPU_CHECK_NANS=1) at {user_line()}; output "
-                                             f"shape {list(o.shape)}")
+                    raise FloatingPointError(
+                        f"produced {bad} (TORCHTPU_CHECK_NANS=1) at {user_line()}; output shape {list(o.shape)}"
+                    )
         return outs
 
     return run
@@ -222,8 +233,7 @@ def device_put_args(shape, dtype, device_index):
 
     dev = runtime.get().device(device_index)
     np_dtype = D.to_numpy(dtype)
-    return (xc.batched_device_put, core.ShapedArray(tuple(shape), np_dtype), SingleDeviceSharding(dev), [dev],
-            np_dtype)
+    return (xc.batched_device_put, core.ShapedArray(tuple(shape), np_dtype), SingleDeviceSharding(dev), [dev], np_dtype)
 
 
 def wait_all(device_index):
@@ -259,8 +269,13 @@ def verify_checks(wait: bool = True) -> None:
 
 def callbacks() -> dict:
     """The executor's half of the C++ callbacks (torchtpu/__init__.py adds the op table's: lower, python_kernel)."""
-    return {"compile_chunk": compile_chunk, "submit_checks": submit_checks, "user_line": user_line,
-            "wait_all": wait_all, "device_put_args": device_put_args}
+    return {
+        "compile_chunk": compile_chunk,
+        "submit_checks": submit_checks,
+        "user_line": user_line,
+        "wait_all": wait_all,
+        "device_put_args": device_put_args,
+    }
 
 
 __all__ = ["read_host", "synchronize", "set_mode", "get_mode", "mode", "direct_trace", "buffer_of", "cut"]

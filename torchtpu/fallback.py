@@ -1,5 +1,6 @@
 """Ops without a rule: PyTorch's own decomposition when there is one (counted as ``decomposed.<op>``), else the
 CPU round trip (counted as ``fallback.<op>``, warned once, an error under ``TORCHTPU_FALLBACK=error``)."""
+
 from __future__ import annotations
 
 import threading
@@ -9,10 +10,10 @@ import torch
 import torch._decomp
 from torch.utils._pytree import tree_map
 
-from . import executor as X
 from . import config, metrics
-from .errors import op_error
+from . import executor as X
 from .arguments import flat, is_tpu
+from .errors import op_error
 from .kernels import check_out_overlap
 
 _fallback_lib = None
@@ -60,8 +61,9 @@ def fallback(op, *args, **kwargs):
     name = _opname(op)
     out_names = [a.name for a in op._schema.arguments if a.is_out and a.name in kwargs]
     if out_names:
-        check_out_overlap(name, args, {k: v for k, v in kwargs.items() if k not in out_names},
-                          [kwargs[n] for n in out_names])
+        check_out_overlap(
+            name, args, {k: v for k, v in kwargs.items() if k not in out_names}, [kwargs[n] for n in out_names]
+        )
     decomp = torch._decomp.decomposition_table.get(op)
     active = _decomposing()
     if decomp is not None and op not in active:
@@ -85,12 +87,17 @@ def fallback(op, *args, **kwargs):
 def cpu_fallback(op, name, args, kwargs):
     policy = config.get("fallback")
     if policy == "error":
-        raise op_error(name, args, kwargs, "no tpu lowering for this op and TORCHTPU_FALLBACK=error forbids the CPU fallback")
+        raise op_error(
+            name, args, kwargs, "no tpu lowering for this op and TORCHTPU_FALLBACK=error forbids the CPU fallback"
+        )
     metrics.inc("fallback." + name)
     if policy != "silent" and name not in _warned:
         _warned.add(name)
-        warnings.warn(f"torchtpu: aten::{name} has no tpu lowering; running it on CPU (counted in "
-                      f"torchtpu.metrics as fallback.{name}; TORCHTPU_FALLBACK=error to forbid)", stacklevel=3)
+        warnings.warn(
+            f"torchtpu: aten::{name} has no tpu lowering; running it on CPU (counted in "
+            f"torchtpu.metrics as fallback.{name}; TORCHTPU_FALLBACK=error to forbid)",
+            stacklevel=3,
+        )
     dev = None
     for x in flat(args, kwargs):
         if is_tpu(x):
@@ -113,8 +120,8 @@ def cpu_fallback(op, name, args, kwargs):
     res = op(*cargs, **ckwargs)
     schema = op._schema
     # Mutated tensor arguments: copy the CPU result back into the tpu tensor.
-    flat_args = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
-    flat_cargs = list(cargs) + [ckwargs.get(a.name) for a in schema.arguments[len(args):]]
+    flat_args = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
+    flat_cargs = list(cargs) + [ckwargs.get(a.name) for a in schema.arguments[len(args) :]]
     alias_of = {}
     for a, orig, cpu in zip(schema.arguments, flat_args, flat_cargs):
         if a.alias_info is not None and a.alias_info.is_write and is_tpu(orig):

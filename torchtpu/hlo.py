@@ -3,6 +3,7 @@
 Every op is printed in MLIR's generic form, so one printer covers all of them. The
 text is deterministic (names are numbered in order), which lets it key the cache.
 """
+
 from __future__ import annotations
 
 import math

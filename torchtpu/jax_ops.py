@@ -17,6 +17,7 @@ Each decorated function becomes a ``torch.library`` op ``torchtpu_jax::<name>(Te
 - on cpu tensors: the function runs through JAX on the host CPU (XLA:CPU), the values copied both ways.
 Errors name the JAX function, the argument shapes and dtypes. Pallas runs on XLA:CPU only with ``interpret=True``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,12 @@ class JaxOpError(RuntimeError):
 
 
 def _describe(fn_name, args) -> str:
-    parts = [f"{D.to_numpy(a.dtype).name if hasattr(a, 'dtype') else type(a).__name__}{list(a.shape)}"
-             if hasattr(a, "shape") else repr(a) for a in args]
+    parts = [
+        f"{D.to_numpy(a.dtype).name if hasattr(a, 'dtype') else type(a).__name__}{list(a.shape)}"
+        if hasattr(a, "shape")
+        else repr(a)
+        for a in args
+    ]
     return f"jax_op {fn_name}({', '.join(parts)})"
 
 
@@ -60,8 +65,9 @@ def _eval_shape(fn, fn_name, specs):
         return jax.eval_shape(fn, *[jax.ShapeDtypeStruct(tuple(s), D.to_numpy(d)) for s, d in specs])
     except Exception as e:  # noqa: BLE001 (JAX's own error, with the shapes it saw)
         shapes = ", ".join(f"{D.to_numpy(d).name}{list(s)}" for s, d in specs)
-        raise JaxOpError(f"jax_op {fn_name}({shapes}): the JAX function fails on these shapes: "
-                         f"{type(e).__name__}: {e}") from None
+        raise JaxOpError(
+            f"jax_op {fn_name}({shapes}): the JAX function fails on these shapes: {type(e).__name__}: {e}"
+        ) from None
 
 
 def _define(name: str, fn, fn_name: str):
@@ -81,15 +87,27 @@ def _define(name: str, fn, fn_name: str):
         import jax
 
         cpu_dev = jax.devices("cpu")[0]
-        xs = [jax.device_put(np.asarray(a.detach().contiguous().numpy() if a.dtype != torch.bfloat16
-                                        else a.detach().float().numpy().astype(D.to_numpy(a.dtype))), cpu_dev)
-              for a in args]
+        xs = [
+            jax.device_put(
+                np.asarray(
+                    a.detach().contiguous().numpy()
+                    if a.dtype != torch.bfloat16
+                    else a.detach().float().numpy().astype(D.to_numpy(a.dtype))
+                ),
+                cpu_dev,
+            )
+            for a in args
+        ]
         try:
             outs = jax.jit(flat)(*xs)
         except Exception as e:  # noqa: BLE001
             raise JaxOpError(f"{_describe(fn_name, args)}: {type(e).__name__}: {e}") from None
-        return [torch.from_numpy(np.array(o)) if o.dtype != D.to_numpy(torch.bfloat16)
-                else torch.from_numpy(np.array(o.astype(np.float32))).to(torch.bfloat16) for o in outs]
+        return [
+            torch.from_numpy(np.array(o))
+            if o.dtype != D.to_numpy(torch.bfloat16)
+            else torch.from_numpy(np.array(o.astype(np.float32))).to(torch.bfloat16)
+            for o in outs
+        ]
 
     _lib.impl(name, cpu, "CPU")
 
@@ -97,8 +115,9 @@ def _define(name: str, fn, fn_name: str):
         try:
             return list(jaxfn.call(tr, f"{name}", flat, list(args)))
         except Exception as e:  # noqa: BLE001
-            raise JaxOpError(f"{_describe(fn_name, args)}: lowering the JAX function failed: "
-                             f"{type(e).__name__}: {e}") from None
+            raise JaxOpError(
+                f"{_describe(fn_name, args)}: lowering the JAX function failed: {type(e).__name__}: {e}"
+            ) from None
 
     tables.RULES[qual] = rule
     kernels.KERNELS[qual] = ("functional", qual, rule, None)
@@ -143,8 +162,9 @@ def jax_op(fn=None, *, name: str | None = None, backward=None):
 
     def backward_impl(ctx, grads):
         xs = ctx.saved_tensors
-        cots = [g if g is not None else torch.zeros(s, dtype=d, device=dev)
-                for g, (s, d, dev) in zip(grads, ctx.out_specs)]
+        cots = [
+            g if g is not None else torch.zeros(s, dtype=d, device=dev) for g, (s, d, dev) in zip(grads, ctx.out_specs)
+        ]
         return (list(bwd_op(len(xs))(list(xs) + cots)),)
 
     torch.library.register_autograd(f"{NAMESPACE}::{name}", backward_impl, setup_context=setup, lib=_lib)
@@ -153,8 +173,10 @@ def jax_op(fn=None, *, name: str | None = None, backward=None):
     def call(*tensors):
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"jax_op {fn_name}: argument {i} is a {type(t).__name__}; jax ops take tensors "
-                                "(close over other values in the JAX function)")
+                raise TypeError(
+                    f"jax_op {fn_name}: argument {i} is a {type(t).__name__}; jax ops take tensors "
+                    "(close over other values in the JAX function)"
+                )
         outs = op(list(tensors))
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -4,11 +4,11 @@
 its `@main` a private function of the module being traced and calls it. Rules use this where JAX already
 has a careful lowering (convolutions and their gradients); the custom-kernel interop issue builds on it.
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
-
 
 from . import dtypes as D
 from . import runtime
@@ -28,7 +28,7 @@ def _lower(name, f, avals):
     outs = jax.tree_util.tree_leaves(jax.eval_shape(f, *specs))
     results = [(tuple(o.shape), D.from_numpy(o.dtype)) for o in outs]
     fname = f"jax_{name}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
-    body = text[text.index("{", text.index("attributes {") + len("attributes {")) + 1: text.rindex("}")]
+    body = text[text.index("{", text.index("attributes {") + len("attributes {")) + 1 : text.rindex("}")]
     for sym in set(_FUNC.findall(body)):
         new = fname if sym == "main" else f"{fname}__{sym}"
         body = re.sub(rf"@{re.escape(sym)}\b", f"@{new}", body)

@@ -7,6 +7,7 @@ with the op's Scalar arguments as runtime parameters), where its inputs come fro
 Calls the table cannot serve (an ``out=`` that must be resized, boolean-mask indexing that must learn a size
 on the host, tensors on two devices) run ``python_kernel`` here: the same steps on the real tensors.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,9 @@ from .untraced import untraced
 
 # entry kinds (csrc/core/kinds.h OutputKind, Returns): ints, as the op table on disk keeps them
 NEW, ARG, NONE = (k.value for k in (_C.OutputKind.new, _C.OutputKind.arg, _C.OutputKind.none))
-SINGLE, TUPLE, LIST, NOTHING = (r.value for r in (_C.Returns.single, _C.Returns.tuple, _C.Returns.list,
-                                                  _C.Returns.nothing))
+SINGLE, TUPLE, LIST, NOTHING = (
+    r.value for r in (_C.Returns.single, _C.Returns.tuple, _C.Returns.list, _C.Returns.nothing)
+)
 
 
 def _to_meta(x):
@@ -51,8 +53,21 @@ def as_tuple(x):
 
 # Ops whose CPU out= kernels reject any overlap between out and an input, and out tensors whose elements
 # share memory (at::assert_no_overlap / assert_no_internal_overlap): the meta kernels cannot see aliasing.
-_OUT_NO_OVERLAP = {"gather", "index_select", "take", "masked_select", "kthvalue", "cat", "bernoulli", "sort",
-                   "topk", "median", "nanmedian", "mode", "nonzero"}
+_OUT_NO_OVERLAP = {
+    "gather",
+    "index_select",
+    "take",
+    "masked_select",
+    "kthvalue",
+    "cat",
+    "bernoulli",
+    "sort",
+    "topk",
+    "median",
+    "nanmedian",
+    "mode",
+    "nonzero",
+}
 # out= overloads that CPU's structured kernels give no implicit cast: the out dtype must be the result's.
 _OUT_DTYPE_EXACT = {"aminmax.out", "complex.out", "polar.out"}
 
@@ -132,8 +147,7 @@ class Call:
         return self.path_of.get(id(g), (-1, -1)) if g is not None else (-1, -1)
 
     def trace(self):
-        return Trace(self.name, self.device, self.storage, lowering=self.lowering,
-                     generator_path=self.generator_path)
+        return Trace(self.name, self.device, self.storage, lowering=self.lowering, generator_path=self.generator_path)
 
     def values(self, tr, args, kwargs):
         def conv(x):
@@ -195,7 +209,12 @@ class Call:
                 selfs = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
                 for t, m in zip(selfs, as_tuple(fmeta)):
                     if not torch.can_cast(m.dtype, t.dtype):
-                        raise op_error(self.name, args, kwargs, f"result type {m.dtype} can't be cast to the desired output type {t.dtype}")
+                        raise op_error(
+                            self.name,
+                            args,
+                            kwargs,
+                            f"result type {m.dtype} can't be cast to the desired output type {t.dtype}",
+                        )
             tr._out = fmeta
             vals = self.run_rule(tr, rule, args, kwargs)
             if isinstance(args[0], (list, tuple)):  # _foreach_*_: every tensor of the list; returns nothing
@@ -215,8 +234,12 @@ class Call:
             targets = []
             for o, m in zip(outs, as_tuple(fmeta)):
                 if self.name in _OUT_DTYPE_EXACT and o.dtype != m.dtype:
-                    raise op_error(self.name, args, kwargs, f"Expected out tensor to have dtype {m.dtype}, but got "
-                                                            f"{o.dtype} instead")
+                    raise op_error(
+                        self.name,
+                        args,
+                        kwargs,
+                        f"Expected out tensor to have dtype {m.dtype}, but got {o.dtype} instead",
+                    )
                 if o.shape != m.shape:
                     if self.lowering:
                         if o.numel() != 0 or not o.is_contiguous():
@@ -263,8 +286,18 @@ class Call:
             else:
                 a, e = self.path_of[id(r)]
                 outputs.append((ARG, a, e, [], [], torch.float32))
-        return ("program", fid, storage_params, scalar_params, results, outputs, returns,
-                sorted(self.seen), bool(tr.checks), self.resizes)
+        return (
+            "program",
+            fid,
+            storage_params,
+            scalar_params,
+            results,
+            outputs,
+            returns,
+            sorted(self.seen),
+            bool(tr.checks),
+            self.resizes,
+        )
 
     def _preprocessed(self):
         """(args, kwargs) the op's PREPROCESS step replaces the call's by (boolean masks by their indices), or None."""

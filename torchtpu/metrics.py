@@ -17,6 +17,7 @@ Names (stable, documented in docs/architecture.md):
   fallback.<aten op>          ops run through the counted CPU fallback
   decomposed.<aten op>        ops run through PyTorch's decompositions
 """
+
 from __future__ import annotations
 
 import collections
@@ -89,26 +90,45 @@ def step_line() -> str:
     """One line for logging per training step: what happened since the previous call."""
     global _step_marks
     c = counters()
-    d = {k: c.get(k, 0) - _step_marks.get(k, 0) for k in ("ops", "executions", "chunk_ops", "compiles",
-                                                           "host_syncs", "donated_bytes", "lowerings")}
+    d = {
+        k: c.get(k, 0) - _step_marks.get(k, 0)
+        for k in ("ops", "executions", "chunk_ops", "compiles", "host_syncs", "donated_bytes", "lowerings")
+    }
     fb = sum(v for k, v in c.items() if k.startswith("fallback.")) - _step_marks.get("fallbacks", 0)
     _step_marks = dict(c, fallbacks=fb + _step_marks.get("fallbacks", 0))
     mean = d["chunk_ops"] / d["executions"] if d["executions"] else 0.0
-    return (f"ops {d['ops']} | chunks {d['executions']} ({mean:.1f} ops/chunk) | compiles {d['compiles']} | "
-            f"lowerings {d['lowerings']} | host syncs {d['host_syncs']} | fallbacks {fb} | "
-            f"donated {d['donated_bytes'] / 2**20:.1f} MiB")
+    return (
+        f"ops {d['ops']} | chunks {d['executions']} ({mean:.1f} ops/chunk) | compiles {d['compiles']} | "
+        f"lowerings {d['lowerings']} | host syncs {d['host_syncs']} | fallbacks {fb} | "
+        f"donated {d['donated_bytes'] / 2**20:.1f} MiB"
+    )
 
 
 def _group(c: dict, prefix: str) -> list[tuple[str, int]]:
-    return sorted(((k[len(prefix):], v) for k, v in c.items() if k.startswith(prefix)), key=lambda kv: (-kv[1], kv[0]))
+    return sorted(((k[len(prefix) :], v) for k, v in c.items() if k.startswith(prefix)), key=lambda kv: (-kv[1], kv[0]))
 
 
 def report() -> str:
     c = counters()
     lines = ["torchtpu metrics"]
-    scalars = ["executions", "chunk_ops", "chunk_ops_max", "compiles", "compile_seconds", "cache_hits.memory",
-               "cache_misses", "op_table.misses", "lowerings", "python_kernels", "donated_bytes", "host_syncs",
-               "transfers.h2d", "bytes.h2d", "transfers.d2h", "bytes.d2h"]
+    scalars = [
+        "executions",
+        "chunk_ops",
+        "chunk_ops_max",
+        "compiles",
+        "compile_seconds",
+        "cache_hits.memory",
+        "cache_misses",
+        "op_table.misses",
+        "lowerings",
+        "python_kernels",
+        "donated_bytes",
+        "host_syncs",
+        "transfers.h2d",
+        "bytes.h2d",
+        "transfers.d2h",
+        "bytes.d2h",
+    ]
     for k in scalars:
         lines.append(f"  {k:<22} {c.get(k, 0)}")
     ops = _group(c, "op.")
@@ -117,9 +137,12 @@ def report() -> str:
         lines.append(f"    {name:<40} {v}")
     if len(ops) > 25:
         lines.append(f"    ... {len(ops) - 25} more")
-    for title, prefix in (("chunk cuts by cause", "cuts."), ("host syncs by cause", "host_sync."),
-                          ("decomposed ops", "decomposed."),
-                          ("CPU fallbacks", "fallback.")):
+    for title, prefix in (
+        ("chunk cuts by cause", "cuts."),
+        ("host syncs by cause", "host_sync."),
+        ("decomposed ops", "decomposed."),
+        ("CPU fallbacks", "fallback."),
+    ):
         group = _group(c, prefix)
         lines.append(f"  {title}: {sum(v for _, v in group)}")
         for name, v in group:

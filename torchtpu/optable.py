@@ -18,6 +18,7 @@ rules and its extension), so an edited rule never serves a stale fragment.
 Ops outside aten (``torchtpu.jax_op``'s, whose JAX functions can change under one name) are never kept.
 ``TORCHTPU_OPTABLE=0`` turns it off.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -75,11 +76,13 @@ class _Unpickler(pickle.Unpickler):
 
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        if module == "builtins" and isinstance(getattr(builtins, name, None), type) and \
-                issubclass(getattr(builtins, name), BaseException):
+        if (
+            module == "builtins"
+            and isinstance(getattr(builtins, name, None), type)
+            and issubclass(getattr(builtins, name), BaseException)
+        ):
             return getattr(builtins, name)
         if module == "torchtpu.errors":
-
             obj = getattr(errors, name, None)
             if isinstance(obj, type) and issubclass(obj, BaseException):
                 return obj

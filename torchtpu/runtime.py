@@ -1,9 +1,14 @@
-"""JaxlibRuntime: the only place that touches jax/jaxlib objects.
+"""JaxlibRuntime: the PJRT client, the one place that compiles and runs executables and moves buffers.
+
+Other modules use jax for what it is, not for the device: the lowering rules and jax_ops.py trace JAX functions to
+StableHLO (jaxfn.py), distributed.py joins the processes' runtimes (jax.distributed) and jits its collectives over
+the client's devices, cache.py reads jaxlib's version for its keys.
 
 Compiles StableHLO text with ``Client.compile_and_load``, runs executables
 asynchronously with ``execute_sharded``, moves data host<->device and reports
 memory. jaxlib releases the GIL while compiling and executing.
 """
+
 from __future__ import annotations
 
 import threading
@@ -84,8 +89,9 @@ class JaxlibRuntime:
         from jax.extend.backend import get_compile_options
 
         devs = [self.device(device_index)]
-        return devs, get_compile_options(num_replicas=1, num_partitions=1, device_assignment=[devs],
-                                         backend=self.backend)
+        return devs, get_compile_options(
+            num_replicas=1, num_partitions=1, device_assignment=[devs], backend=self.backend
+        )
 
     def serialize(self, exe) -> bytes:
         """The executable as bytes (machine code for XLA:CPU): the disk tier of cache.py."""
@@ -125,13 +131,30 @@ class JaxlibRuntime:
             res = exe.execute_sharded(arrays).disassemble_into_single_device_arrays()
             results = [r[0] for r in res]
             _, tree = tree_util.dispatch_registry.flatten(results, None)
-            fast = pxla.MeshExecutableFastpathData(exe, tree, [sh] * len(in_avals), [sh] * len(out_avals), out_avals,
-                                                   [True] * len(out_avals), [True] * len(in_avals),
-                                                   [None] * len(in_avals), [])
+            fast = pxla.MeshExecutableFastpathData(
+                exe,
+                tree,
+                [sh] * len(in_avals),
+                [sh] * len(out_avals),
+                out_avals,
+                [True] * len(out_avals),
+                [True] * len(in_avals),
+                [None] * len(in_avals),
+                [],
+            )
             return results, fast, False
 
-        return _jax.pjit("torchtpu_chunk", None, cache_miss, (), (), pxla.JitGlobalCppCacheKeys(),
-                         tree_util.dispatch_registry, pxla.cc_shard_arg, _jax.PjitFunctionCache(capacity=2))
+        return _jax.pjit(
+            "torchtpu_chunk",
+            None,
+            cache_miss,
+            (),
+            (),
+            pxla.JitGlobalCppCacheKeys(),
+            tree_util.dispatch_registry,
+            pxla.cc_shard_arg,
+            _jax.PjitFunctionCache(capacity=2),
+        )
 
     def wait_device(self, device_index: int):
         """Waits for every live array of the device."""

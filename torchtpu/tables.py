@@ -5,6 +5,7 @@ op's arguments with every tpu tensor replaced by its StableHLO value; it returns
 result. The in-place (``add_.Tensor``) and ``out=`` (``add.out``) forms are derived from the schemas in one loop
 (kernels.py). A rule never knows which mode (strict, debug, fused) or path (one op, a chunk) calls it.
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -11,6 +11,7 @@ debug) or in a chunk with others (fused). A Trace is bound to its storages one o
   keeps: the next calls with this signature run it without any Python;
 - directly (Python kernels: copies, host reads): storages are real tensors', scalars are plain values.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,11 +26,14 @@ from .errors import describe, user_line
 from .hlo import Fn, Value
 
 # How a runtime scalar travels, and where its value comes from (csrc/core/kinds.h ScalarKind, SourceKind)
-FLOAT, INT, BOOL, COMPLEX, RNG = (k.value for k in (_C.ScalarKind.float, _C.ScalarKind.int, _C.ScalarKind.bool,
-                                                    _C.ScalarKind.complex, _C.ScalarKind.rng))
+FLOAT, INT, BOOL, COMPLEX, RNG = (
+    k.value
+    for k in (_C.ScalarKind.float, _C.ScalarKind.int, _C.ScalarKind.bool, _C.ScalarKind.complex, _C.ScalarKind.rng)
+)
 FROM_ARG, FROM_CPU_TENSOR, FROM_RNG, FROM_ROWS, FROM_SYM = (
-    k.value for k in (_C.SourceKind.arg, _C.SourceKind.cpu_tensor, _C.SourceKind.rng, _C.SourceKind.rows,
-                      _C.SourceKind.sym))
+    k.value
+    for k in (_C.SourceKind.arg, _C.SourceKind.cpu_tensor, _C.SourceKind.rng, _C.SourceKind.rows, _C.SourceKind.sym)
+)
 
 
 class RuntimeScalar:
@@ -93,14 +97,31 @@ def _unary(fn):
     return op
 
 
-for _n, _f in (("lt", operator.lt), ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
-               ("add", operator.add), ("sub", operator.sub), ("mul", operator.mul), ("truediv", operator.truediv),
-               ("floordiv", operator.floordiv), ("mod", operator.mod), ("pow", operator.pow)):
+for _n, _f in (
+    ("lt", operator.lt),
+    ("le", operator.le),
+    ("gt", operator.gt),
+    ("ge", operator.ge),
+    ("add", operator.add),
+    ("sub", operator.sub),
+    ("mul", operator.mul),
+    ("truediv", operator.truediv),
+    ("floordiv", operator.floordiv),
+    ("mod", operator.mod),
+    ("pow", operator.pow),
+):
     setattr(RuntimeScalar, f"__{_n}__", _binary(_f))
     if _n not in ("lt", "le", "gt", "ge"):
         setattr(RuntimeScalar, f"__r{_n}__", _binary(_f, reflected=True))
-for _n, _f in (("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("round", round),
-               ("trunc", math.trunc), ("floor", math.floor), ("ceil", math.ceil)):
+for _n, _f in (
+    ("neg", operator.neg),
+    ("pos", operator.pos),
+    ("abs", abs),
+    ("round", round),
+    ("trunc", math.trunc),
+    ("floor", math.floor),
+    ("ceil", math.ceil),
+):
     setattr(RuntimeScalar, f"__{_n}__", _unary(_f))
 
 
@@ -268,7 +289,8 @@ class Trace:
         return v
 
     def rows(self, cls: int) -> Value:
-        """The valid row count of bucketed row class `cls` (torchtpu/shapes/eager_buckets.py) as an int64 runtime parameter."""
+        """The valid row count of bucketed row class `cls` (torchtpu/shapes/eager_buckets.py) as an int64 runtime
+        parameter."""
         if cls not in self._rows:
             v = self.fn.param((), torch.int64)
             self._scalars.append((v, INT, (FROM_ROWS, (cls, -1), 0)))
@@ -306,13 +328,15 @@ class Trace:
         n = bad.numel
         b = E.reshape(bad, (n,))
         pos = E.iota(fn, (n,), 0)
-        first = E.reduce(E.select(b, pos, E.const(fn, n, torch.int64, (n,))), E.const(fn, n, torch.int64), [0],
-                         "stablehlo.minimum")
+        first = E.reduce(
+            E.select(b, pos, E.const(fn, n, torch.int64, (n,))), E.const(fn, n, torch.int64), [0], "stablehlo.minimum"
+        )
         any_bad = E.compare(first, E.const(fn, n, torch.int64), "LT")
         v = E.reshape(E.broadcast_to(E.convert(values, torch.int64), bad.shape), (n,))
         at_first = E.compare(pos, E.broadcast_to(first, (n,)), "EQ")
-        one = E.reduce(E.select(at_first, v, E.const(fn, 0, torch.int64, (n,))), E.const(fn, 0, torch.int64), [0],
-                       "stablehlo.add")
+        one = E.reduce(
+            E.select(at_first, v, E.const(fn, 0, torch.int64, (n,))), E.const(fn, 0, torch.int64), [0], "stablehlo.add"
+        )
         self.checks.append((any_bad, one, exc, message))
 
     # -- outputs ------------------------------------------------------------------------------
@@ -338,8 +362,11 @@ class Trace:
     def results(self) -> list[Value]:
         res = list(self.writes.values())
         if self.checks:  # one int64 vector (flag, value, flag, value, ...) after the storage values
-            res.append(E.concatenate([E.reshape(E.convert(v, torch.int64), (1,))
-                                      for ok, one, _, _ in self.checks for v in (ok, one)], 0))
+            res.append(
+                E.concatenate(
+                    [E.reshape(E.convert(v, torch.int64), (1,)) for ok, one, _, _ in self.checks for v in (ok, one)], 0
+                )
+            )
         return res
 
     def fragment(self, label: str) -> int:
@@ -351,11 +378,15 @@ class Trace:
         storage_params = [self._param_of[k] for k in self._params]
         scalar_params = [v for v, _, _ in self._scalars]
         text = fn.function("@FRAGMENT", storage_params + scalar_params, results)
-        args = (label, text, sorted(fn.funcs.items()),
-                [(v.shape, v.dtype, v.type) for v in storage_params],
-                [(kind, v.type) for v, kind, _ in self._scalars],
-                [(v.shape, v.dtype, v.type) for v in results],
-                bool(self.checks))
+        args = (
+            label,
+            text,
+            sorted(fn.funcs.items()),
+            [(v.shape, v.dtype, v.type) for v in storage_params],
+            [(kind, v.type) for v, kind, _ in self._scalars],
+            [(v.shape, v.dtype, v.type) for v in results],
+            bool(self.checks),
+        )
         # what registering it takes, as plain values: the op table on disk keeps it (optable.py)
         self.registration = (args, self.opname, [(exc, msg) for _, _, exc, msg in self.checks])
         return register_fragment(self.registration)
@@ -409,11 +440,14 @@ def _fn_function(self, name, params, results):
     rtypes = ", ".join(r.type for r in results)
     body = "\n    ".join(self.lines)
     rets = ", ".join(r.name for r in results)
-    return (f"func.func private {name}({args}) -> ({rtypes}) {{\n    {body}\n"
-            f"    \"func.return\"({rets}) : ({rtypes}) -> ()\n  }}")
+    return (
+        f"func.func private {name}({args}) -> ({rtypes}) {{\n    {body}\n"
+        f'    "func.return"({rets}) : ({rtypes}) -> ()\n  }}'
+    )
 
 
 Fn.function = _fn_function
+
 
 def label(opname, args, kwargs=None) -> str:
     parts = [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in (kwargs or {}).items()]

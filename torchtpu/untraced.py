@@ -1,5 +1,7 @@
 """Python kernels Dynamo must not trace (torchtpu/kernels.py registers tables.DIRECT through it). Its own module:
-the wrapper runs per call (loss.item() among them) and is no lowering code (tests/test_fused.py watches those files)."""
+the wrapper runs per call (loss.item() among them) and is no lowering code (tests/executor/test_fused.py watches those
+files)."""
+
 from __future__ import annotations
 
 import functools

@@ -6,6 +6,7 @@ through a view lowers to dynamic_update_slice, or scatter as the last resort, an
 Every alias sees the write because aliases share the storage. A view of another dtype (x.view(torch.int32),
 torch.save's byte views, view_as_real) reads and writes the same bytes reinterpreted.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,11 @@ from .hlo import Value
 
 def covers_storage(t: torch.Tensor) -> bool:
     """t is the whole of its storage, contiguous from offset 0 (a write replaces the storage's value)."""
-    return (t.storage_offset() == 0 and is_contiguous(t.shape, t.stride())
-            and t.numel() * t.element_size() == t.untyped_storage().nbytes())
+    return (
+        t.storage_offset() == 0
+        and is_contiguous(t.shape, t.stride())
+        and t.numel() * t.element_size() == t.untyped_storage().nbytes()
+    )
 
 
 def fit(base: Value, numel: int) -> Value:
@@ -107,7 +111,7 @@ def read_view(base: E.Value, sizes, strides, offset) -> E.Value:
         limits = [sizes[d] for d in dims] + [1]
         # The offset as coordinates of the box (mixed radix): when the view fits the box from there without a
         # carry, it is a plain slice of the storage's prefix reshaped to the box (q, k, v of one qkv buffer).
-        bstr = [math.prod(box[i + 1:]) for i in range(len(box))]
+        bstr = [math.prod(box[i + 1 :]) for i in range(len(box))]
         at = [offset // bstr[0]] + [(offset // bstr[i]) % box[i] for i in range(1, len(box))]
         rows = at[0] + limits[0]
         if rows * bstr[0] <= m and all(at[i] + limits[i] <= box[i] for i in range(1, len(box))):

@@ -6,10 +6,10 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/_to_copy_native.h>
-#include <ATen/ops/clone_native.h>
 #include <ATen/ops/alias_native.h>
-#include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/clone_native.h>
+#include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>

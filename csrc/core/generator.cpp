@@ -74,8 +74,8 @@ std::pair<uint64_t, uint64_t> TpuGeneratorImpl::philox_advance(uint64_t incremen
   }
   std::lock_guard<std::mutex> lk(g_log_mu);
   if (g_log != nullptr) {
-    g_log->push_back({at::Generator(c10::intrusive_ptr<c10::GeneratorImpl>::reclaim_copy(this)), out.first,
-                      out.second, increment});
+    g_log->push_back(
+        {at::Generator(c10::intrusive_ptr<c10::GeneratorImpl>::reclaim_copy(this)), out.first, out.second, increment});
   }
   return out;
 }

@@ -67,7 +67,9 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
   c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
   c10::Stream getNewStream(c10::Device d, int) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
   c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 

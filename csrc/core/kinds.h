@@ -9,11 +9,11 @@ namespace torchtpu {
 enum class Mode : int { kStrict = 0, kDebug = 1, kFused = 2 };
 
 enum class CutCause : int {
-  kOp = 0,         // strict and debug: after every op
-  kHostRead,       // .item(), .cpu(), printing, a host copy
-  kSync,           // torchtpu.sync(), torch.tpu.synchronize()
-  kSizeCap,        // the pending graph reached TORCHTPU_FUSED_MAX_OPS
-  kRepeat,         // the repeated-structure rule: a period of the op sequence ended
+  kOp = 0,    // strict and debug: after every op
+  kHostRead,  // .item(), .cpu(), printing, a host copy
+  kSync,      // torchtpu.sync(), torch.tpu.synchronize()
+  kSizeCap,   // the pending graph reached TORCHTPU_FUSED_MAX_OPS
+  kRepeat,    // the repeated-structure rule: a period of the op sequence ended
   kModeSwitch,
   kFallback,       // a CPU fallback or Python kernel reads values
   kDataDependent,  // an output size depends on values

@@ -112,13 +112,9 @@ void StorageHandle::resolve() {
 bool StorageHandle::value_type(ValueType* out) {
   resolve();
   switch (state) {
-    case State::kBuffer:
-      *out = buffer->type;
-      return true;
-    case State::kPending:
-      return false;  // filled in by the graph, which knows the fragment's result types
-    default:
-      return false;
+    case State::kBuffer: *out = buffer->type; return true;
+    case State::kPending: return false;  // filled in by the graph, which knows the fragment's result types
+    default: return false;
   }
 }
 

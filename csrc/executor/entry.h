@@ -19,16 +19,16 @@ struct ArgPath {  // an argument of the op, or an element of a list argument
 
 struct ScalarSource {
   SourceKind kind = SourceKind::kArg;
-  ArgPath path;            // kArg, kCpuTensor; kRng: the generator argument (arg -1: the device's default);
-                           // kRows: path.arg is the row class whose valid row count the op reads;
-                           // kSym: the call's varying inner size L
-  int64_t increment = 0;   // kRng: how far the op advances the generator's offset
+  ArgPath path;           // kArg, kCpuTensor; kRng: the generator argument (arg -1: the device's default);
+                          // kRows: path.arg is the row class whose valid row count the op reads;
+                          // kSym: the call's varying inner size L
+  int64_t increment = 0;  // kRng: how far the op advances the generator's offset
 };
 
 struct OutputSpec {
   OutputKind kind = OutputKind::kNone;
-  ArgPath path;                  // kArg: the argument returned (in-place and out= ops)
-  std::vector<int64_t> sizes;    // kNew
+  ArgPath path;                // kArg: the argument returned (in-place and out= ops)
+  std::vector<int64_t> sizes;  // kNew
   std::vector<int64_t> strides;
   at::ScalarType dtype = at::kFloat;
   // kNew of a bucketed signature: dim `rows_dim` has the capacity in `sizes` and the valid row count of row class
@@ -40,7 +40,7 @@ struct OutputSpec {
   std::vector<int64_t> sym_sizes;
 };
 
-struct ResultTarget {  // a fragment result becomes the value of ...
+struct ResultTarget {    // a fragment result becomes the value of ...
   int32_t storage = -1;  // ... the op's k-th distinct argument storage, or
   int32_t output = -1;   // ... the storage of new output j, or
   ArgPath arg{-1, -1};   // ... the storage of an out= argument resized by the entry
@@ -49,16 +49,16 @@ struct ResultTarget {  // a fragment result becomes the value of ...
 struct Entry {
   // kExact: a bucketed signature the rules do not take bucketed; the op is keyed again at its exact sizes
   EntryKind kind = EntryKind::kProgram;
-  int32_t fragment = -1;                  // -1: nothing to compute (outputs are empty)
-  std::vector<int32_t> storage_params;    // per fragment storage parameter: the argument storage index
+  int32_t fragment = -1;                // -1: nothing to compute (outputs are empty)
+  std::vector<int32_t> storage_params;  // per fragment storage parameter: the argument storage index
   std::vector<ScalarSource> scalar_params;
   std::vector<ResultTarget> results;
   std::vector<OutputSpec> outputs;
   Returns returns = Returns::kSingle;
-  std::vector<ArgPath> value_slots;       // Scalar arguments whose value the rule looked at (keyed by value)
+  std::vector<ArgPath> value_slots;  // Scalar arguments whose value the rule looked at (keyed by value)
   // out= arguments that arrive empty and are resized to these sizes first (arange(n) -> arange.start_out)
   std::vector<std::pair<ArgPath, std::vector<int64_t>>> resizes;
-  bool capture_line = false;              // the fragment has device-side checks: remember the Python line
+  bool capture_line = false;  // the fragment has device-side checks: remember the Python line
 };
 
 }  // namespace torchtpu

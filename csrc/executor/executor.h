@@ -59,7 +59,8 @@ _object* storage_buffer(const at::Tensor& t, int cause);
 void set_storage_buffer(const at::Tensor& t, _object* array, at::ScalarType dtype, const std::vector<int64_t>& shape);
 // The host copy of t's storage value (DeviceBuffer::host) as a flat CPU tensor; undefined when there is none.
 at::Tensor storage_host_values(const at::Tensor& t);
-// Uploads of at most this many bytes keep their host copy (0: none; torchtpu/shapes/eager_buckets.py sets it with the policy).
+// Uploads of at most this many bytes keep their host copy (0: none; torchtpu/shapes/eager_buckets.py sets it with the
+// policy).
 void set_upload_host_copies(int64_t max_bytes);
 // (shape, dtype) of t's storage's value, or false when empty.
 bool storage_value_type(const at::Tensor& t, std::vector<int64_t>* shape, at::ScalarType* dtype);

@@ -34,7 +34,7 @@ std::atomic<int> g_mode{static_cast<int>(Mode::kStrict)};
 
 // -- the op table --------------------------------------------------------------------------------------------
 struct TableSlot {
-  Entry generic;                                  // used when value_slots is empty
+  Entry generic;  // used when value_slots is empty
   std::unordered_map<std::string, Entry> by_value;
 };
 std::unordered_map<std::string, TableSlot> g_table;
@@ -140,7 +140,7 @@ void pack_scalar(const Fragment& f, size_t s, const ScalarSource& src, const Sig
     case ScalarKind::kInt:
       // uint64 values travel as their bits (the program bitcasts them back)
       node.iscalars.push_back(value.type() == c10::ScalarType::UInt64 ? static_cast<int64_t>(value.toUInt64())
-                                                                       : value.toLong());
+                                                                      : value.toLong());
       break;
     case ScalarKind::kBool: node.iscalars.push_back(value.toBool() ? 1 : 0); break;
     default: TORCH_INTERNAL_ASSERT(false, "tpu: a random-number state bound to an argument");
@@ -213,9 +213,7 @@ void push_results(const Entry& e, const OpInfo& info, torch::jit::Stack* stack, 
   }
   torch::jit::drop(*stack, info.nargs);
   switch (e.returns) {
-    case Returns::kSingle:
-      stack->push_back(std::move(rets.at(0)));
-      break;
+    case Returns::kSingle: stack->push_back(std::move(rets.at(0))); break;
     case Returns::kTuple:
       for (auto& r : rets) stack->push_back(std::move(r));
       break;
@@ -225,8 +223,7 @@ void push_results(const Entry& e, const OpInfo& info, torch::jit::Stack* stack, 
       stack->emplace_back(std::move(l));
       break;
     }
-    case Returns::kNothing:
-      break;
+    case Returns::kNothing: break;
   }
 }
 
@@ -265,8 +262,8 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
     const size_t b = stack->size() - info->nargs;
     const at::Tensor& self = (*stack)[b].toTensor();
     const at::Tensor& src = (*stack)[b + 1].toTensor();
-    if (self.device().is_privateuseone() && src.device().is_cpu() && self.numel() > 0 &&
-        src.dim() <= self.dim() && at::is_expandable_to(src.sizes(), self.sizes())) {
+    if (self.device().is_privateuseone() && src.device().is_cpu() && self.numel() > 0 && src.dim() <= self.dim() &&
+        at::is_expandable_to(src.sizes(), self.sizes())) {
       upload(self, src);
       at::Tensor out = self;
       torch::jit::drop(*stack, info->nargs);
@@ -348,7 +345,6 @@ void tpu_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
 std::unique_ptr<torch::Library> g_lib;
 std::vector<std::unique_ptr<torch::Library>> g_other_libs;
 
-
 }  // namespace
 
 void set_mode(Mode m) { g_mode = static_cast<int>(m); }
@@ -356,8 +352,8 @@ Mode get_mode() { return static_cast<Mode>(g_mode.load()); }
 
 void register_kernels(const std::vector<std::string>& names) {
   if (!g_lib) {
-    g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                             __FILE__, __LINE__);
+    g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                             __LINE__);
   }
   for (const auto& n : names) {
     const auto sep = n.find("::");
@@ -373,12 +369,11 @@ void register_kernels(const std::vector<std::string>& names) {
 }
 
 void record_fragment(int32_t fid, const std::vector<at::Tensor>& storage_params, const std::vector<double>& fs,
-                     const std::vector<int64_t>& is, const std::vector<at::Tensor>& results,
-                     const std::string& line) {
+                     const std::vector<int64_t>& is, const std::vector<at::Tensor>& results, const std::string& line) {
   const Fragment& f = fragment(fid);
   TORCH_CHECK(storage_params.size() == f.params.size() && results.size() == f.results.size(),
-              "tpu: record_fragment: ", f.label, " takes ", f.params.size(), " storages and gives ",
-              f.results.size(), " results");
+              "tpu: record_fragment: ", f.label, " takes ", f.params.size(), " storages and gives ", f.results.size(),
+              " results");
   c10::DeviceIndex device = current_device();
   for (const auto& t : storage_params) device = t.device().index();
   for (const auto& t : results) {
@@ -427,15 +422,11 @@ _object* storage_buffer(const at::Tensor& t, int cause) {
   std::lock_guard<std::recursive_mutex> lk(exec_mutex());
   h->resolve();
   switch (h->state) {
-    case StorageHandle::State::kBuffer:
-      runtime::incref(h->buffer->array);
-      return h->buffer->array;
-    case StorageHandle::State::kFailed:
-      TORCH_CHECK(false, *h->error);
+    case StorageHandle::State::kBuffer: runtime::incref(h->buffer->array); return h->buffer->array;
+    case StorageHandle::State::kFailed: TORCH_CHECK(false, *h->error);
     case StorageHandle::State::kPending:
       TORCH_INTERNAL_ASSERT(false, "tpu: a storage is still pending after its device's graph was launched");
-    default:
-      return nullptr;
+    default: return nullptr;
   }
 }
 
@@ -501,4 +492,3 @@ void reset_counters() {
 }
 
 }  // namespace torchtpu
-

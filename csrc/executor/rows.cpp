@@ -19,7 +19,6 @@ RecentRows& recent_rows() {
   return *r;
 }
 
-
 at::Tensor sym_tensor(c10::ArrayRef<int64_t> codes, int64_t L, int64_t cap, at::ScalarType dtype) {
   c10::SmallVector<int64_t, 6> sizes;
   int64_t numel = 1, cap_numel = 1;

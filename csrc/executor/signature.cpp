@@ -107,8 +107,24 @@ int64_t rows_code(int32_t cls, int64_t capacity) { return ~((static_cast<int64_t
 namespace {
 
 enum Tag : uint8_t {
-  kNone = 1, kBool, kInt, kDouble, kComplex, kString, kIntList, kDoubleList, kBoolList, kDevice, kGenerator,
-  kTensorTag, kUndefined, kCpuScalar, kRuntime, kList, kStorageTag, kSymInt
+  kNone = 1,
+  kBool,
+  kInt,
+  kDouble,
+  kComplex,
+  kString,
+  kIntList,
+  kDoubleList,
+  kBoolList,
+  kDevice,
+  kGenerator,
+  kTensorTag,
+  kUndefined,
+  kCpuScalar,
+  kRuntime,
+  kList,
+  kStorageTag,
+  kSymInt
 };
 
 // A Scalar value: 0, 1, -1 and non-finite values are part of the key (rules fold them into constants); any
@@ -184,7 +200,6 @@ int32_t rows_dim(const at::Tensor& t, c10::StorageImpl* st) {
   }
   return d >= 0 && span < row ? d : -1;
 }
-
 
 namespace {
 
@@ -486,9 +501,7 @@ void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s) {
         }
         break;
       }
-      case ArgKind::kNumber:
-        put_number(s, v, path);
-        break;
+      case ArgKind::kNumber: put_number(s, v, path); break;
       case ArgKind::kNumberList: {
         if (v.isNone()) {
           put<uint8_t>(s.key, kNone);

@@ -26,7 +26,7 @@ constexpr c10::DispatchKeySet kTpuKeys{c10::DispatchKey::PrivateUse1};
 enum class ArgKind : uint8_t { kTensor, kTensorList, kOptTensorList, kNumber, kNumberList, kOther };
 
 struct OpInfo {
-  std::string name;  // overload name as the rules know it, e.g. "add.Tensor"
+  std::string name;      // overload name as the rules know it, e.g. "add.Tensor"
   bool is_copy = false;  // copy_: host -> tpu copies take the upload path
   std::vector<ArgKind> kinds;
   std::vector<bool> written;  // the op writes the argument (in-place self, out=)
@@ -44,13 +44,13 @@ struct Sig {
   std::vector<c10::StorageImpl*> storages;  // distinct argument storages, in order of first appearance
   std::vector<ArgPath> runtime_slots;       // Scalar arguments passed as runtime values
   c10::DeviceIndex device = -1;
-  bool python = false;                      // something the C++ path does not take: the Python kernel runs
+  bool python = false;  // something the C++ path does not take: the Python kernel runs
   // bucketed rows: a tensor walking the valid rows of a bucketed storage is keyed by its capacity, its row count
   // is a runtime value of its row class (tensors of equal counts share one)
-  bool bucketing = false;                   // look for bucketed tensors (off: every tensor at its exact sizes)
+  bool bucketing = false;  // look for bucketed tensors (off: every tensor at its exact sizes)
   std::vector<runtime::LowerRequest::Bucketed> bucketed;
-  std::vector<int64_t> rows;                // per row class: the valid rows
-  std::vector<int64_t> capacity;            // per row class: the capacity of its first tensor
+  std::vector<int64_t> rows;      // per row class: the valid rows
+  std::vector<int64_t> capacity;  // per row class: the capacity of its first tensor
   // stride-0 dims of exact tensors (autograd's expanded gradients): a class's rows broadcast, when the size is one
   struct Broadcast {
     size_t offset;  // of the size in the key
@@ -66,7 +66,6 @@ struct Sig {
   bool sym_ints = false;  // a call without tensors (a factory): its int arguments may stand for the current L
   std::vector<runtime::LowerRequest::SymForm> sym_forms;
 };
-
 
 void build_sig(const OpInfo& info, const torch::jit::Stack& stack, Sig& s);
 
@@ -122,7 +121,7 @@ at::Tensor sym_alloc(c10::IntArrayRef size, at::ScalarType dtype, int64_t L, int
 // copy_ from the host into a tpu tensor (upload.cpp).
 void upload(const at::Tensor& self, const at::Tensor& src);
 bool covers_storage(const at::Tensor& t);
-void count_host_read();  // a host read: a period of the upload sources' ranks
+void count_host_read();                                   // a host read: a period of the upload sources' ranks
 extern std::atomic<int64_t> g_upload_rows, g_upload_sym;  // uploads bucketed along rows / a varying inner size
 
 }  // namespace torchtpu

@@ -33,9 +33,7 @@ Form linear_form(int64_t v, int64_t L) {
 
 }  // namespace
 
-int64_t sym_code(int64_t a, int64_t b, int64_t p) {
-  return ~((int64_t{1} << 62) | (p << 56) | ((b + 128) << 48) | a);
-}
+int64_t sym_code(int64_t a, int64_t b, int64_t p) { return ~((int64_t{1} << 62) | (p << 56) | ((b + 128) << 48) | a); }
 
 int64_t sym_value(int64_t code, int64_t L) {
   if (code >= 0) return code;

@@ -1,7 +1,8 @@
 #pragma once
 // A varying inner size L (a batch's sequence length) in the op table's keys: sizes, strides and offsets of tensors
 // on a storage marked with L (core/storage.h StorageHandle::sym) are keyed as forms a * L^p + b (p 1 or 2, b in
-// -1..1) or as static values. torchtpu/shapes/eager_symbolic.py decodes the same codes (decode/encode): keep both in step.
+// -1..1) or as static values. torchtpu/shapes/eager_symbolic.py decodes the same codes (decode/encode): keep both in
+// step.
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 

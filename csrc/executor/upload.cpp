@@ -20,7 +20,6 @@ std::atomic<int64_t> g_upload_rows{0}, g_upload_sym{0};
 
 namespace {
 
-
 std::atomic<int64_t> g_upload_host_copies{0};
 
 // Uploads whose sizes vary (batches of varying size or sequence length). An upload's source is its dtype, its number
@@ -165,8 +164,7 @@ void upload(const at::Tensor& self, const at::Tensor& src) {
     }
     if (static_cast<int64_t>(host.nbytes()) <= g_upload_host_copies.load()) {
       // our own bytes only: the caller may write its tensor (the next batch) after the copy returns
-      at::Tensor keep = host.is_alias_of(src) || host.storage_offset() != 0 ||
-                                host.storage().nbytes() != host.nbytes()
+      at::Tensor keep = host.is_alias_of(src) || host.storage_offset() != 0 || host.storage().nbytes() != host.nbytes()
                             ? host.clone(at::MemoryFormat::Contiguous)
                             : host;
       std::lock_guard<std::recursive_mutex> lk(exec_mutex());
@@ -175,8 +173,8 @@ void upload(const at::Tensor& self, const at::Tensor& src) {
     }
   } else {
     const c10::DeviceGuard guard(self.device());
-    at::Tensor tmp = at::detail::empty_strided_generic(self.sizes(), host.strides(), tpu_allocator(), kTpuKeys,
-                                                       self.scalar_type());
+    at::Tensor tmp =
+        at::detail::empty_strided_generic(self.sizes(), host.strides(), tpu_allocator(), kTpuKeys, self.scalar_type());
     set_storage_buffer(tmp, runtime::upload(host, device), self.scalar_type(), self.sizes().vec());
     self.copy_(tmp);
   }

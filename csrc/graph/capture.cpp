@@ -34,9 +34,9 @@ struct InputSpec {
   int32_t same_storage_as = -1;  // the first earlier input sharing its storage
 
   bool operator==(const InputSpec& o) const {
-    return device == o.device && dtype == o.dtype && sizes == o.sizes && strides == o.strides &&
-           offset == o.offset && nbytes == o.nbytes && conj == o.conj && neg == o.neg &&
-           has_value == o.has_value && (!has_value || value == o.value) && same_storage_as == o.same_storage_as;
+    return device == o.device && dtype == o.dtype && sizes == o.sizes && strides == o.strides && offset == o.offset &&
+           nbytes == o.nbytes && conj == o.conj && neg == o.neg && has_value == o.has_value &&
+           (!has_value || value == o.value) && same_storage_as == o.same_storage_as;
   }
 };
 
@@ -68,7 +68,8 @@ struct Program {
   int64_t ops = 0;
   std::vector<InputSpec> inputs;
   std::vector<int32_t> leaf_input;  // per leaf: the input whose storage value it is, or -1: a constant
-  std::vector<BufferPtr> constants;  // the values of the constant leaves, in leaf order; then of constants only returned
+  std::vector<BufferPtr>
+      constants;  // the values of the constant leaves, in leaf order; then of constants only returned
   std::vector<RngSlot> rng;
   std::vector<NewStorage> storages;
   std::vector<OutSpec> outputs;
@@ -124,8 +125,8 @@ OutSpec out_spec(const at::Tensor& t) {
 }
 
 at::Tensor tensor_on(c10::Storage storage, const OutSpec& o) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), kTpuKeys,
-                                                    caffe2::TypeMeta::fromScalarType(o.dtype));
+  auto t =
+      at::detail::make_tensor<c10::TensorImpl>(std::move(storage), kTpuKeys, caffe2::TypeMeta::fromScalarType(o.dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides, o.offset);
   if (o.conj) t._set_conj(true);
   if (o.neg) t._set_neg(true);
@@ -133,9 +134,8 @@ at::Tensor tensor_on(c10::Storage storage, const OutSpec& o) {
 }
 
 // Turns the captured chunk into a program; returns why not ("" when it is one). Caller holds exec_mutex().
-std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs,
-                         const std::vector<at::Tensor>& outputs, Program& p, std::vector<int32_t>& check_frags,
-                         std::vector<int64_t>& rng_states) {
+std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                         Program& p, std::vector<int32_t>& check_frags, std::vector<int64_t>& rng_states) {
   if (c.nodes.empty()) return "the graph runs no tpu op";
   p.device = c.device;
   p.ops = static_cast<int64_t>(c.nodes.size());
@@ -190,9 +190,9 @@ std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs,
       continue;
     }
     h->resolve();
-    const bool same = h->state == StorageHandle::State::kBuffer ? h->buffer.get() == g_capture.begin[i].get()
-                                                                 : h->state == StorageHandle::State::kEmpty &&
-                                                                       !g_capture.begin[i];
+    const bool same = h->state == StorageHandle::State::kBuffer
+                          ? h->buffer.get() == g_capture.begin[i].get()
+                          : h->state == StorageHandle::State::kEmpty && !g_capture.begin[i];
     if (!same) return "input " + std::to_string(i) + " gets a value made outside the graph's ops";
   }
   // outputs
@@ -321,8 +321,8 @@ std::string make_program(const Chunk& c, const std::vector<at::Tensor>& inputs,
     f.results.push_back(vt);
     f.result_types.push_back(mlir_type(vt));
     f.has_check = true;
-    check_code = "    %checks = \"stablehlo.concatenate\"(" + names + ") {dimension = 0 : i64} : (" + types +
-                 ") -> " + f.result_types.back() + "\n";
+    check_code = "    %checks = \"stablehlo.concatenate\"(" + names + ") {dimension = 0 : i64} : (" + types + ") -> " +
+                 f.result_types.back() + "\n";
     ret_names += std::string(results.empty() ? "" : ", ") + "%checks";
     ret_types += std::string(results.empty() ? "" : ", ") + f.result_types.back();
   }
@@ -463,7 +463,8 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
           case OutSpec::kInputView: outs.push_back(tensor_on(inputs[o.input].storage(), o)); break;
           case OutSpec::kNew: outs.push_back(tensor_on(storages[o.storage], o)); break;
           case OutSpec::kEmpty:
-            outs.push_back(tensor_on(c10::Storage(c10::Storage::use_byte_size_t(), o.nbytes, tpu_allocator(), true), o));
+            outs.push_back(
+                tensor_on(c10::Storage(c10::Storage::use_byte_size_t(), o.nbytes, tpu_allocator(), true), o));
             break;
         }
       }

@@ -18,8 +18,8 @@ std::string slice1(const std::string& out, const char* pack, int64_t n_pack, con
                    int64_t len) {
   std::ostringstream s;
   s << out << " = \"stablehlo.slice\"(" << pack << ") {start_indices = array<i64: " << at
-    << ">, limit_indices = array<i64: " << at + len << ">, strides = array<i64: 1>} : (tensor<" << n_pack << "x"
-    << elem << ">) -> tensor<" << len << "x" << elem << ">";
+    << ">, limit_indices = array<i64: " << at + len << ">, strides = array<i64: 1>} : (tensor<" << n_pack << "x" << elem
+    << ">) -> tensor<" << len << "x" << elem << ">";
   return s.str();
 }
 
@@ -135,7 +135,8 @@ ChunkBody chunk_body(const Chunk& c, int64_t nf, int64_t ni, bool baked) {
           body << "    " << pack_slice(v + "a", kPackI, ni, "i64", io, 1, bake, false, nio) << "\n";
           body << "    " << v << "b = \"stablehlo.reshape\"(" << v << "a) : (tensor<1xi64>) -> tensor<i64>\n";
           if (sp.kind == ScalarKind::kBool) {
-            body << "    " << v << "z = \"stablehlo.constant\"() {value = dense<0> : tensor<i64>} : () -> tensor<i64>\n";
+            body << "    " << v
+                 << "z = \"stablehlo.constant\"() {value = dense<0> : tensor<i64>} : () -> tensor<i64>\n";
             body << "    " << v << " = \"stablehlo.compare\"(" << v << "b, " << v
                  << "z) {comparison_direction = #stablehlo<comparison_direction NE>, compare_type = "
                     "#stablehlo<comparison_type SIGNED>} : (tensor<i64>, tensor<i64>) -> tensor<i1>\n";
@@ -154,8 +155,8 @@ ChunkBody chunk_body(const Chunk& c, int64_t nf, int64_t ni, bool baked) {
           if (baked) {  // the program's own parameter: fresh states each run
             const std::string r = "%r" + std::to_string(out.rng_types.size());
             out.rng_types.push_back(sp.type);
-            body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << r << ") : (" << sp.type << ") -> "
-                 << sp.type << "\n";
+            body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << r << ") : (" << sp.type << ") -> " << sp.type
+                 << "\n";
           } else {
             body << "    " << slice1(v + "a", kPackI, ni, "i64", io, 2) << "\n";
             body << "    " << v << " = \"stablehlo.bitcast_convert\"(" << v << "a) : (tensor<2xi64>) -> " << sp.type
@@ -193,8 +194,8 @@ std::string chunk_text(const Chunk& c, int64_t nf, int64_t ni) {
   for (size_t li = 0; li < c.leaves.size(); ++li) {
     m << (first ? "" : ", ") << "%l" << li << ": " << mlir_type(c.leaves[li]->type)
       << (c.alias[li] >= 0 ? " {tf.aliasing_output = " + std::to_string(c.alias[li]) + " : i32}"
-          : c.donated[li] ? " {jax.buffer_donor = true}"
-                          : "");
+          : c.donated[li]  ? " {jax.buffer_donor = true}"
+                           : "");
     first = false;
   }
   if (nf) {

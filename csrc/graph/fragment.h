@@ -19,11 +19,11 @@ struct ScalarParam {
 
 struct Fragment {
   int32_t id = -1;
-  std::string name;   // @f<id> without the @
-  std::string label;  // op and argument shapes, for errors
-  std::string text;   // the private function
+  std::string name;                                       // @f<id> without the @
+  std::string label;                                      // op and argument shapes, for errors
+  std::string text;                                       // the private function
   std::vector<std::pair<std::string, std::string>> deps;  // private functions it calls: (name, text)
-  std::vector<ValueType> params;  // storage parameters
+  std::vector<ValueType> params;                          // storage parameters
   std::vector<std::string> param_types;
   std::vector<ScalarParam> scalars;
   std::vector<ValueType> results;

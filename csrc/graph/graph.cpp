@@ -8,10 +8,10 @@
 #include <cstring>
 #include <functional>
 #include <list>
-#include <unordered_set>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "graph/chunk.h"
 #include "graph/fragment.h"
@@ -31,8 +31,8 @@ constexpr uint64_t kBase = 0x100000001b3ULL;
 struct RepeatWindow {
   static constexpr size_t kSlots = 4096;  // direct-mapped: a collision only forgets a candidate period
   std::vector<uint64_t> hashes;
-  std::vector<uint64_t> prefix{0};   // prefix[i] = hash of hashes[0..i)
-  std::vector<int64_t> weights{0};   // weights[i] = the weight of nodes [0..i) (node_weight)
+  std::vector<uint64_t> prefix{0};  // prefix[i] = hash of hashes[0..i)
+  std::vector<int64_t> weights{0};  // weights[i] = the weight of nodes [0..i) (node_weight)
   std::vector<uint64_t> powers{1};
   std::vector<std::pair<uint64_t, int64_t>> last = std::vector<std::pair<uint64_t, int64_t>>(kSlots, {0, -1});
   int64_t period = 0;  // the longest period seen since the last cut, and where its repeats start (mod period)
@@ -81,9 +81,9 @@ struct DeviceGraph {
   int64_t next_seq = 0;        // seq of the next recorded node (nodes[i]->seq == base + i)
   int64_t base = 0;
   RepeatWindow repeat;
-  int64_t repeat_cut = 0;      // > 0: the repeated-structure rule asks to cut before this many nodes
-  int64_t weight = 0;          // the pending nodes' weights (node_weight): what the size rules count
-  int64_t programs_since_read = 0;    // the program rule (program_cut_wanted): programs recorded since the last
+  int64_t repeat_cut = 0;              // > 0: the repeated-structure rule asks to cut before this many nodes
+  int64_t weight = 0;                  // the pending nodes' weights (node_weight): what the size rules count
+  int64_t programs_since_read = 0;     // the program rule (program_cut_wanted): programs recorded since the last
   int64_t programs_between_reads = 0;  // host read, and between the two reads before it
 };
 
@@ -210,7 +210,8 @@ Chunk detach(c10::DeviceIndex device, size_t count, const std::vector<bool>* sel
           c.wiring[j].push_back({0, -1, 0});
           continue;
         }
-        TORCH_INTERNAL_ASSERT(in.node->state == Node::State::kLaunched, "tpu: a node reads a value of a node "
+        TORCH_INTERNAL_ASSERT(in.node->state == Node::State::kLaunched,
+                              "tpu: a node reads a value of a node "
                               "that is neither in its chunk nor launched");
         in.leaf = in.node->results[in.index];
         TORCH_INTERNAL_ASSERT(in.leaf, "tpu: a node reads a result its chunk did not keep");
@@ -327,8 +328,7 @@ void pair_in_place(Chunk& c, bool any_donated) {
       auto o = output_of.find(cur);
       if (o != output_of.end()) {
         const auto& out = c.outputs[o->second];
-        if (!taken[o->second] &&
-            c.nodes[out.first]->frag->result_types[out.second] == mlir_type(c.leaves[li]->type)) {
+        if (!taken[o->second] && c.nodes[out.first]->frag->result_types[out.second] == mlir_type(c.leaves[li]->type)) {
           taken[o->second] = true;
           c.alias[li] = o->second;
           append_int(c.key, static_cast<int64_t>(li));
@@ -611,7 +611,8 @@ bool record(const NodePtr& node, bool fused) {
     const bool long_enough = i + 1 >= g_repeat_min_ops || g.weight >= g_repeat_min_weight;
     if (long_enough && i + 1 > p && g.repeat.at_boundary(i + 1)) g.repeat_cut = i + 1 - p;
   }
-  return g.repeat_cut > 0 || static_cast<int64_t>(g.nodes.size()) >= g_max_ops || g.weight >= kCapWeightFactor * g_max_ops;
+  return g.repeat_cut > 0 || static_cast<int64_t>(g.nodes.size()) >= g_max_ops ||
+         g.weight >= kCapWeightFactor * g_max_ops;
 }
 
 std::vector<std::string> pending_describe(c10::DeviceIndex device) {

@@ -25,18 +25,18 @@ struct Node : c10::intrusive_ptr_target {
   const Fragment* frag = nullptr;
   c10::DeviceIndex device = 0;
   State state = State::kPending;
-  int64_t seq = -1;                  // its position among its device's recorded nodes
-  int32_t chunk_pos = -1;            // while a cut detaches its chunk: the node's index in it
-  c10::SmallVector<ValueRef, 4> inputs;    // storage parameters, in the fragment's order
-  c10::SmallVector<double, 2> fscalars;    // float/complex runtime scalars, in the fragment's order
-  c10::SmallVector<int64_t, 2> iscalars;   // integer/bool scalars and random-number states
-  c10::SmallVector<int32_t, 2> live;       // per result: storage handles pointing at it
+  int64_t seq = -1;                       // its position among its device's recorded nodes
+  int32_t chunk_pos = -1;                 // while a cut detaches its chunk: the node's index in it
+  c10::SmallVector<ValueRef, 4> inputs;   // storage parameters, in the fragment's order
+  c10::SmallVector<double, 2> fscalars;   // float/complex runtime scalars, in the fragment's order
+  c10::SmallVector<int64_t, 2> iscalars;  // integer/bool scalars and random-number states
+  c10::SmallVector<int32_t, 2> live;      // per result: storage handles pointing at it
   // per result (when set): the input holding the value it supersedes in a storage (-1: none), so a chunk's
   // program can write the result over that input's buffer in place (graph.cpp, tf.aliasing_output)
   c10::SmallVector<int32_t, 2> replaces;
   c10::SmallVector<BufferPtr, 2> results;  // after launch: the results that were chunk outputs
   std::shared_ptr<const std::string> error;
-  std::string line;                  // the Python line that recorded it (debug mode, checked ops)
+  std::string line;  // the Python line that recorded it (debug mode, checked ops)
 };
 
 }  // namespace torchtpu

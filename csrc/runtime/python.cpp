@@ -21,8 +21,8 @@ namespace torchtpu {
 namespace runtime {
 namespace {
 
-// Python callables set by torchtpu at import (torchtpu/_dispatch.py). Leaked on purpose: they must outlive
-// every kernel call, interpreter shutdown included.
+// Python callables set by torchtpu at import (`_C._set_callbacks(kernels.callbacks())` in torchtpu/__init__.py).
+// Leaked on purpose: they must outlive every kernel call, interpreter shutdown included.
 struct Callbacks {
   py::object lower, python_kernel, compile_chunk, submit_checks, user_line, wait_all, device_put_args;
 };
@@ -253,7 +253,9 @@ _object* upload(const at::Tensor& host, c10::DeviceIndex device) {
   auto it = args->find(key);
   if (it == args->end()) {
     it = args->emplace(key, cb().device_put_args(py::tuple(py::cast(host.sizes().vec())), py::cast(st),
-                                                 static_cast<int>(device)).cast<py::tuple>()).first;
+                                                 static_cast<int>(device))
+                                .cast<py::tuple>())
+             .first;
   }
   const py::tuple& a = it->second;  // (batched_device_put, aval, sharding, [device], numpy dtype)
   // a numpy array that owns a copy of the bytes (jaxlib may alias what it is given)

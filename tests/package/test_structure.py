@@ -82,9 +82,12 @@ def test_every_module_has_a_layer():
 
 def test_imports_go_down_the_layers():
     mods = _modules()
-    up = [f"{m}:{line} imports {t} (layer {_layer(m)} -> {_layer(t)})"
-          for m, edges in _imports(mods).items() for t, line in edges
-          if _layer(m) is not None and _layer(t) is not None and _layer(t) > _layer(m)]
+    up = [
+        f"{m}:{line} imports {t} (layer {_layer(m)} -> {_layer(t)})"
+        for m, edges in _imports(mods).items()
+        for t, line in edges
+        if _layer(m) is not None and _layer(t) is not None and _layer(t) > _layer(m)
+    ]
     assert not up, "imports that climb the layers:\n" + "\n".join(up)
 
 
@@ -131,5 +134,32 @@ def _line_counts(top, exts):
 
 def test_files_stay_small():
     big = [f"{p}: {n} lines" for p, n in _line_counts(PKG, (".py",)) if n >= MAX_PY_LINES]
-    big += [f"{p}: {n} lines" for p, n in _line_counts(os.path.join(ROOT, "csrc"), (".cpp", ".h")) if n >= MAX_CPP_LINES]
+    big += [
+        f"{p}: {n} lines" for p, n in _line_counts(os.path.join(ROOT, "csrc"), (".cpp", ".h")) if n >= MAX_CPP_LINES
+    ]
     assert not big, f"split these files (Python < {MAX_PY_LINES} lines, C++ < {MAX_CPP_LINES}): {big}"
+
+
+def test_tests_mirror_the_package():
+    """tests/ holds folders, one per part of the package; what is not a test (the zoo, the sweeps) lives in
+    tests/tools, except a worker a test runs as a process beside it. Test basenames are unique (pytest imports them
+    by basename)."""
+    tests = os.path.join(ROOT, "tests")
+    top = sorted(f for f in os.listdir(tests) if f.endswith(".py"))
+    assert top == ["conftest.py"], f"tests/ itself holds only conftest.py; move these into a folder: {top}"
+    seen, misplaced = {}, []
+    for dirpath, dirnames, files in os.walk(tests):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for f in files:
+            if not f.endswith(".py") or dirpath == tests:
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, f), ROOT)
+            in_tools = os.path.basename(dirpath) == "tools"
+            if f.startswith("test_"):
+                assert f not in seen, f"two test modules named {f}: {seen[f]} and {rel}"
+                seen[f] = rel
+                if in_tools:
+                    misplaced.append(rel)
+            elif not in_tools and not f.endswith("_worker.py"):
+                misplaced.append(rel)
+    assert not misplaced, f"tests in tests/tools or helpers outside it: {misplaced}"

@@ -5,6 +5,7 @@ view_as_real / view_as_complex are metadata views whose reads and writes reinter
 (real, imaginary) pairs (executor._reinterpret). Elementwise arithmetic, reductions and matmul take complex
 values through the general rules.
 """
+
 from __future__ import annotations
 
 from .. import emit as E
@@ -15,8 +16,9 @@ from ..tables import lowering, out_meta
 @lowering("complex")
 def complex_(tr, real, imag):
     if real.dtype != imag.dtype:
-        raise RuntimeError(f"Expected object of scalar type {real.dtype} but got scalar type {imag.dtype} for "
-                           "second argument")
+        raise RuntimeError(
+            f"Expected object of scalar type {real.dtype} but got scalar type {imag.dtype} for second argument"
+        )
     dt = out_meta(tr).dtype
     part = E.real(E.const(tr.fn, 0, dt)).dtype
     return E.complex_(E.convert(real, part), E.convert(imag, part))
@@ -26,8 +28,9 @@ def complex_(tr, real, imag):
 def polar(tr, abs_, angle):
     """abs * (cos(angle) + i sin(angle)), as CPU computes it."""
     if abs_.dtype != angle.dtype:
-        raise RuntimeError(f"Expected object of scalar type {abs_.dtype} but got scalar type {angle.dtype} for "
-                           "second argument")
+        raise RuntimeError(
+            f"Expected object of scalar type {abs_.dtype} but got scalar type {angle.dtype} for second argument"
+        )
     dt = out_meta(tr).dtype
     part = E.real(E.const(tr.fn, 0, dt)).dtype
     r, t = E.convert(abs_, part), E.convert(angle, part)

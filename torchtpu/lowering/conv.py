@@ -4,6 +4,7 @@ PyTorch routes every convolution on a PrivateUse1 device to `convolution_overrid
 `convolution_backward_overrideable`. Both lower through JAX's `lax.conv_general_dilated` (and `jax.vjp` for
 gradients and transposed convolutions), inlined as private functions of the op's program.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,21 +24,31 @@ def _forward(stride, padding, dilation, groups, nd):
     from jax import lax
 
     def f(x, w):
-        return lax.conv_general_dilated(x, w, window_strides=tuple(stride), padding=[(p, p) for p in padding],
-                                        rhs_dilation=tuple(dilation), feature_group_count=groups,
-                                        dimension_numbers=_dn(nd))
+        return lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=tuple(stride),
+            padding=[(p, p) for p in padding],
+            rhs_dilation=tuple(dilation),
+            feature_group_count=groups,
+            dimension_numbers=_dn(nd),
+        )
+
     return _in_f32(f)
 
 
 def _in_f32(f):
     """Low-precision inputs compute in f32 and round once at the end, as CPU does."""
+
     def g(*xs):
         dt = xs[0].dtype
         if dt.itemsize >= 4:
             return f(*xs)
         import jax
+
         out = f(*[x.astype("float32") for x in xs])
         return jax.tree_util.tree_map(lambda o: o.astype(dt), out)
+
     return g
 
 
@@ -61,6 +72,7 @@ def _transposed(stride, padding, dilation, groups, nd, out_shape):
         if jnp.issubdtype(x.dtype, jnp.integer):
             return f(x.astype(jnp.float64), w.astype(jnp.float64)).astype(x.dtype)
         return f(x, w)
+
     return _in_f32(g)
 
 
@@ -71,7 +83,15 @@ def _conv_fn(stride, padding, dilation, transposed, groups, nd, out_shape):
 
 
 def _static(stride, padding, dilation, transposed, output_padding, groups, out_shape):
-    return (tuple(stride), tuple(padding), tuple(dilation), bool(transposed), tuple(output_padding), groups, tuple(out_shape))
+    return (
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        bool(transposed),
+        tuple(output_padding),
+        groups,
+        tuple(out_shape),
+    )
 
 
 def _conv_meta(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
@@ -93,8 +113,13 @@ def convolution(tr, x, w, b, stride, padding, dilation, transposed, output_paddi
     out = tr.out
     f = _conv_fn(stride, padding, dilation, transposed, groups, nd, out.shape)
     dt = out.dtype
-    (y,) = jaxfn.call(tr, "conv", f, [E.convert(x, dt), E.convert(w, dt)],
-                      _static(stride, padding, dilation, transposed, output_padding, groups, out.shape))
+    (y,) = jaxfn.call(
+        tr,
+        "conv",
+        f,
+        [E.convert(x, dt), E.convert(w, dt)],
+        _static(stride, padding, dilation, transposed, output_padding, groups, out.shape),
+    )
     if b is not None:
         y = E.add(y, E.broadcast_in_dim(E.convert(b, dt), y.shape, [1]))
     return y
@@ -123,10 +148,16 @@ def convolution_backward(tr, g, x, w, stride, padding, dilation, transposed, out
     def bwd(x_, w_, g_):
         _, vjp = jax.vjp(f, x_, w_)
         return vjp(g_)
+
     bwd = _in_f32(bwd)
 
     dt = g.dtype
-    gx, gw = jaxfn.call(tr, "conv_bwd", bwd, [E.convert(x, dt), E.convert(w, dt), g],
-                        _static(stride, padding, dilation, transposed, output_padding, groups, g.shape))
+    gx, gw = jaxfn.call(
+        tr,
+        "conv_bwd",
+        bwd,
+        [E.convert(x, dt), E.convert(w, dt), g],
+        _static(stride, padding, dilation, transposed, output_padding, groups, g.shape),
+    )
     gb = reduce(g, [d for d in range(g.rank) if d != 1], "add", False) if output_mask[2] else None
     return tuple(v if m else None for v, m in zip((gx, gw, gb), output_mask))

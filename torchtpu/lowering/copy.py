@@ -1,15 +1,15 @@
 """copy_ between cpu and tpu (both directions) and within tpu, and host reads of values."""
+
 from __future__ import annotations
 
 import torch
 
-from .. import _C
+from .. import _C, metrics, runtime
 from .. import emit as E
 from .. import executor as X
-from .. import metrics, runtime
 from .. import views as V
-from ..errors import op_error
 from ..arguments import device_index as _device_index
+from ..errors import op_error
 from ..tables import direct, inplace_lowering
 
 
@@ -108,7 +108,12 @@ def _copy_from_and_resize(self, dst):
 def _local_scalar_dense(self):
     metrics.inc("op._local_scalar_dense")
     if self.numel() != 1:
-        raise op_error("_local_scalar_dense", [self], {}, "a Tensor with more than one element cannot be converted to a Python scalar")
+        raise op_error(
+            "_local_scalar_dense",
+            [self],
+            {},
+            "a Tensor with more than one element cannot be converted to a Python scalar",
+        )
     return X.read_host(self, "item").item()
 
 

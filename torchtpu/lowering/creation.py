@@ -1,4 +1,5 @@
 """Fills, ranges and triangular masks (zeros/ones/full/*_like reach these through empty + fill_)."""
+
 from __future__ import annotations
 
 import math
@@ -6,7 +7,8 @@ import math
 import torch
 
 from .. import emit as E
-from ..tables import lowering, out_meta as _meta
+from ..tables import lowering
+from ..tables import out_meta as _meta
 
 
 @lowering("fill.Scalar", "fill.Tensor")

@@ -6,6 +6,7 @@ compiled executable, and no host sync is needed. log_alpha is (N, T, 2S+1) with 
 (targets.size(1), or the total length for concatenated 1-d targets) where CPU uses the longest target: only
 the backward reads it, and the loss is the same.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,7 @@ def _meta(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infin
     batched = log_probs.dim() == 3
     n = log_probs.shape[1] if batched else 1
     s = _width(targets, target_lengths)
-    return (log_probs.new_empty((n,) if batched else ()),
-            log_probs.new_empty((n, log_probs.shape[0], 2 * s + 1)))
+    return (log_probs.new_empty((n,) if batched else ()), log_probs.new_empty((n, log_probs.shape[0], 2 * s + 1)))
 
 
 def _backward_meta(grad, log_probs, *rest, **kwargs):
@@ -48,8 +48,11 @@ def _padded(jnp, tg, il, tl, width):
         return tg[:n, :width]
     offsets = jnp.cumsum(tl) - tl
     pos = offsets[:, None] + jnp.arange(width)[None, :]
-    return jnp.where(jnp.arange(width)[None, :] < tl[:, None], tg[jnp.clip(pos, 0, max(tg.shape[0] - 1, 0))], 0) \
-        if tg.shape[0] else jnp.zeros((n, width), tg.dtype)
+    return (
+        jnp.where(jnp.arange(width)[None, :] < tl[:, None], tg[jnp.clip(pos, 0, max(tg.shape[0] - 1, 0))], 0)
+        if tg.shape[0]
+        else jnp.zeros((n, width), tg.dtype)
+    )
 
 
 def _setup(lp, tg, il, tl, blank, width):
@@ -135,8 +138,14 @@ def _backward_fn(blank, width, batched, zero_infinity):
 
         dtype = lp.dtype
         if not batched:
-            lp, tg, il, tl, grad, nll = lp[:, None, :], tg[None], il.reshape(1), tl.reshape(1), grad.reshape(1), \
-                nll.reshape(1)
+            lp, tg, il, tl, grad, nll = (
+                lp[:, None, :],
+                tg[None],
+                il.reshape(1),
+                tl.reshape(1),
+                grad.reshape(1),
+                nll.reshape(1),
+            )
         il, tl = il.astype(jnp.int64), tl.astype(jnp.int64)
         lpn, lab, skip, valid, lpl = _setup(lp.astype(jnp.float32), tg, il, tl, blank, width)
         n, t_max, big_l = lpl.shape
@@ -144,9 +153,10 @@ def _backward_fn(blank, width, batched, zero_infinity):
         s = jnp.arange(big_l)
         t_idx = jnp.arange(t_max)
         # beta, backwards in time; each batch element starts at its own last frame il - 1
-        last = (t_idx[None, :] == (il - 1)[:, None])  # (N, T)
-        b_init = jnp.where((s[None, :] == 2 * tl[:, None]) | ((s[None, :] == 2 * tl[:, None] - 1) & (tl[:, None] > 0)),
-                           0.0, _NEG)
+        last = t_idx[None, :] == (il - 1)[:, None]  # (N, T)
+        b_init = jnp.where(
+            (s[None, :] == 2 * tl[:, None]) | ((s[None, :] == 2 * tl[:, None] - 1) & (tl[:, None] > 0)), 0.0, _NEG
+        )
         skip_next = jnp.concatenate([skip[:, 2:], jnp.zeros((n, 2), bool)], 1)  # s -> s + 2 allowed
 
         def unshift(x, k):
@@ -204,13 +214,17 @@ def ctc_loss(tr, log_probs, targets, input_lengths, target_lengths, blank=0, zer
     il, tl = _lengths(tr, input_lengths, n), _lengths(tr, target_lengths, n)
     if not batched:
         il, tl = E.reshape(il, ()), E.reshape(tl, ())
-    return tuple(jaxfn.call(tr, "ctc_loss", _forward_fn(blank, width, batched), [log_probs, targets, il, tl],
-                            (blank, width, batched)))
+    return tuple(
+        jaxfn.call(
+            tr, "ctc_loss", _forward_fn(blank, width, batched), [log_probs, targets, il, tl], (blank, width, batched)
+        )
+    )
 
 
 @lowering("_ctc_loss_backward", "_ctc_loss_backward.Tensor")
-def ctc_loss_backward(tr, grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank,
-                      zero_infinity=False):
+def ctc_loss_backward(
+    tr, grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, zero_infinity=False
+):
     batched = log_probs.rank == 3
     n = log_probs.shape[1] if batched else 1
     width = (log_alpha.shape[2] - 1) // 2
@@ -218,5 +232,10 @@ def ctc_loss_backward(tr, grad, log_probs, targets, input_lengths, target_length
     if not batched:
         il, tl = E.reshape(il, ()), E.reshape(tl, ())
     f = _backward_fn(blank, width, batched, bool(zero_infinity))
-    return jaxfn.call(tr, "ctc_loss_backward", f, [grad, log_probs, targets, il, tl, nll, log_alpha],
-                      (blank, width, batched, bool(zero_infinity)))[0]
+    return jaxfn.call(
+        tr,
+        "ctc_loss_backward",
+        f,
+        [grad, log_probs, targets, il, tl, nll, log_alpha],
+        (blank, width, batched, bool(zero_infinity)),
+    )[0]

@@ -4,15 +4,14 @@ Semantics follow PyTorch's CPU kernels: p=2 uses the matmul expansion |a|Â²+|b|Â
 asks for it (the default does for more than 25 rows), every other p the direct |a-b|_p; gradients are zero
 where the distance is zero.
 """
+
 from __future__ import annotations
 
 import math
 
-
 from .. import emit as E
 from .. import jaxfn
 from ..tables import lowering, out_meta
-
 
 
 def _direct(x1, x2, p):
@@ -27,7 +26,7 @@ def _direct(x1, x2, p):
         return jnp.sqrt(jnp.sum(diff * diff, -1))
     if math.isinf(p):
         return jnp.max(diff, -1, initial=0)
-    return jnp.sum(diff ** p, -1) ** (1.0 / p)
+    return jnp.sum(diff**p, -1) ** (1.0 / p)
 
 
 def _euclid(x1, x2):
@@ -79,8 +78,9 @@ def _call(tr, name, f, args, static):
 def cdist_forward(tr, x1, x2, p, compute_mode=None):
     rows = max(x1.shape[-2], x2.shape[-2])
     use_mm = p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and rows > 25))
-    return _call(tr, "cdist", (lambda a, b: _euclid(a, b)) if use_mm else (lambda a, b: _direct(a, b, p)),
-                 [x1, x2], (p, use_mm))
+    return _call(
+        tr, "cdist", (lambda a, b: _euclid(a, b)) if use_mm else (lambda a, b: _direct(a, b, p)), [x1, x2], (p, use_mm)
+    )
 
 
 @lowering("_euclidean_dist")

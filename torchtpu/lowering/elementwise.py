@@ -1,4 +1,5 @@
 """Unary, binary (broadcasting + type promotion), comparison and select rules."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,16 @@ def _promote_for_compare(tr, a, b):
     a, b = plain(a), plain(b)  # result types depend on types only (the op table keys scalars by type)
     ta = a.dtype if isinstance(a, E.Value) else None
     tb = b.dtype if isinstance(b, E.Value) else None
-    ma = torch.empty((), dtype=ta) if ta is not None and isinstance(a, E.Value) and a.rank == 0 else (torch.empty((1,), dtype=ta) if ta else a)
-    mb = torch.empty((), dtype=tb) if tb is not None and isinstance(b, E.Value) and b.rank == 0 else (torch.empty((1,), dtype=tb) if tb else b)
+    ma = (
+        torch.empty((), dtype=ta)
+        if ta is not None and isinstance(a, E.Value) and a.rank == 0
+        else (torch.empty((1,), dtype=ta) if ta else a)
+    )
+    mb = (
+        torch.empty((), dtype=tb)
+        if tb is not None and isinstance(b, E.Value) and b.rank == 0
+        else (torch.empty((1,), dtype=tb) if tb else b)
+    )
     return torch.result_type(ma, mb)
 
 
@@ -39,8 +48,17 @@ def _float_unary(hlo_name):
 
 
 for _name, _hlo in {
-    "exp": "exponential", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "sin": "sine",
-    "cos": "cosine", "tan": "tan", "log1p": "log_plus_one", "expm1": "exponential_minus_one", "sigmoid": "logistic",
+    "exp": "exponential",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "tanh": "tanh",
+    "sin": "sine",
+    "cos": "cosine",
+    "tan": "tan",
+    "log1p": "log_plus_one",
+    "expm1": "exponential_minus_one",
+    "sigmoid": "logistic",
 }.items():
     lowering(_name)(_float_unary(_hlo))
 
@@ -102,8 +120,18 @@ def erf_value(x):
     c = lambda v: E.const(fn, v, dt, xv.shape)  # noqa: E731
     z = E.unary("abs", xv)
     t = E.div(c(1.0), E.add(c(1.0), E.mul(c(0.5), z)))
-    coeffs = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
-              -0.82215223, 0.17087277]
+    coeffs = [
+        -1.26551223,
+        1.00002368,
+        0.37409196,
+        0.09678418,
+        -0.18628806,
+        0.27886807,
+        -1.13520398,
+        1.48851587,
+        -0.82215223,
+        0.17087277,
+    ]
     poly = c(coeffs[-1])
     for k in reversed(coeffs[:-1]):
         poly = E.add(c(k), E.mul(t, poly))
@@ -182,8 +210,9 @@ def floor_div_int(a, b):
     q = E.div(a, b)
     zero = E.const(a.fn, 0, a.dtype)
     rem = E.sub(a, E.mul(q, b))
-    adjust = E.binary("and", E.compare(rem, zero, "NE"),
-                      E.compare(E.compare(rem, zero, "LT"), E.compare(b, zero, "LT"), "NE"))
+    adjust = E.binary(
+        "and", E.compare(rem, zero, "NE"), E.compare(E.compare(rem, zero, "LT"), E.compare(b, zero, "LT"), "NE")
+    )
     return E.select(adjust, E.sub(q, E.const(a.fn, 1, a.dtype)), q)
 
 
@@ -216,13 +245,16 @@ def _floor_div_float(a, b):
     c = lambda v: E.const(a.fn, v, a.dtype, a.shape)  # noqa: E731
     mod = E.binary("remainder", a, b)
     q = E.div(E.sub(a, mod), b)
-    fix = E.binary("and", E.compare(mod, c(0), "NE"),
-                   E.compare(E.compare(b, c(0), "LT"), E.compare(mod, c(0), "LT"), "NE"))
+    fix = E.binary(
+        "and", E.compare(mod, c(0), "NE"), E.compare(E.compare(b, c(0), "LT"), E.compare(mod, c(0), "LT"), "NE")
+    )
     q = E.select(fix, E.sub(q, c(1)), q)
     fl = E.unary("floor", q)
-    q = E.select(E.compare(q, c(0), "NE"),
-                 E.add(fl, E.convert(E.compare(E.sub(q, fl), c(0.5), "GT"), a.dtype)),
-                 E.mul(E.div(a, b), c(0)))  # zero takes the sign of a / b
+    q = E.select(
+        E.compare(q, c(0), "NE"),
+        E.add(fl, E.convert(E.compare(E.sub(q, fl), c(0.5), "GT"), a.dtype)),
+        E.mul(E.div(a, b), c(0)),
+    )  # zero takes the sign of a / b
     return E.select(E.compare(b, c(0), "EQ"), E.div(a, b), q)
 
 
@@ -232,7 +264,9 @@ def remainder(tr, a, b):
     av, bv = operand(tr, a, dt), operand(tr, b, dt)
     r = E.binary("remainder", av, bv)
     zero = E.const(r.fn, 0, dt)
-    fix = E.binary("and", E.compare(r, zero, "NE"), E.compare(E.compare(r, zero, "LT"), E.compare(bv, zero, "LT"), "NE"))
+    fix = E.binary(
+        "and", E.compare(r, zero, "NE"), E.compare(E.compare(r, zero, "LT"), E.compare(bv, zero, "LT"), "NE")
+    )
     return E.select(fix, E.add(r, bv), r)
 
 
@@ -361,8 +395,11 @@ def exp2(tr, x):
 @lowering("signbit")
 def signbit(tr, x):
     if not x.dtype.is_floating_point:
-        return E.compare(x, E.const(x.fn, 0, x.dtype, x.shape), "LT") if x.dtype != torch.bool else \
-            E.const(x.fn, False, torch.bool, x.shape)
+        return (
+            E.compare(x, E.const(x.fn, 0, x.dtype, x.shape), "LT")
+            if x.dtype != torch.bool
+            else E.const(x.fn, False, torch.bool, x.shape)
+        )
     bits = E.bitcast(x, {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.dtype.itemsize])
     return E.compare(bits, E.const(x.fn, 0, bits.dtype, x.shape), "LT")  # -0.0 and -nan count, as on CPU
 

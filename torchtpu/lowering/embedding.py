@@ -5,8 +5,8 @@ The auxiliary outputs (offset2bag, bag_size, max_indices) are what CPU returns, 
 them: bag_size counts non-padding indices (zeros in sum mode, as CPU's sum path leaves it), max_indices holds
 the weight row of the first maximum of each bag and column (0 for an empty bag).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 from .. import emit as E
 from .. import jaxfn
@@ -22,8 +22,18 @@ def _offset2bag(jnp, offsets, n, num_bags):
 
 
 @lowering("_embedding_bag", "_embedding_bag_forward_only")
-def embedding_bag(tr, weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, sparse=False,
-                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def embedding_bag(
+    tr,
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=SUM,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     out, _, _, maxi = (out_meta(tr, i) for i in range(4))
     num_bags, n = out.shape[0], indices.numel
     has_psw = per_sample_weights is not None
@@ -56,10 +66,15 @@ def embedding_bag(tr, weight, indices, offsets, scale_grad_by_freq=False, mode=S
         return total, o2b, jnp.zeros_like(cnt), jnp.zeros_like(cnt)
 
     if n:
-
         rows = weight.shape[0]
-        indices = checked(tr, E.reshape(indices, (n,)), rows, negative=False, exc=RuntimeError,
-                          message=f"an index takes value {{value}}, which is not in the valid range [0, {rows})")
+        indices = checked(
+            tr,
+            E.reshape(indices, (n,)),
+            rows,
+            negative=False,
+            exc=RuntimeError,
+            message=f"an index takes value {{value}}, which is not in the valid range [0, {rows})",
+        )
     args = [E.convert(weight, acc), indices, offsets] + ([E.convert(per_sample_weights, acc)] if has_psw else [])
     res, o2b, cnt, mi = jaxfn.call(tr, "embedding_bag", f, args, (mode, padding_idx, num_bags, has_psw))
     mi = mi if tuple(maxi.shape) == tuple(mi.shape) else E.const(tr.fn, 0, maxi.dtype, maxi.shape)
@@ -70,8 +85,19 @@ def embedding_bag(tr, weight, indices, offsets, scale_grad_by_freq=False, mode=S
 
 
 @lowering("_embedding_bag_dense_backward")
-def embedding_bag_dense_backward(tr, grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                 scale_grad_by_freq, mode, per_sample_weights=None, padding_idx=-1):
+def embedding_bag_dense_backward(
+    tr,
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights=None,
+    padding_idx=-1,
+):
     has_psw = per_sample_weights is not None
     acc = E.acc_dtype(grad.dtype)
 
@@ -103,12 +129,36 @@ def embedding_bag_dense_backward(tr, grad, indices, offset2bag, bag_size, maximu
 
 
 @lowering("_embedding_bag_backward")
-def embedding_bag_backward(tr, grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                           scale_grad_by_freq, mode, sparse, per_sample_weights=None, padding_idx=-1):
+def embedding_bag_backward(
+    tr,
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights=None,
+    padding_idx=-1,
+):
     if sparse:
         raise NotImplementedError("embedding_bag(sparse=True): sparse gradients are not supported on tpu")
-    return embedding_bag_dense_backward(tr, grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return embedding_bag_dense_backward(
+        tr,
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @lowering("_embedding_bag_per_sample_weights_backward")

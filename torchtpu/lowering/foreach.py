@@ -1,5 +1,6 @@
 """``_foreach_*`` ops (what SGD/Adam/AdamW run on non-CPU devices): one program per call over every
 tensor of the list, built from the element op's rule. Generated from the schemas, not listed by hand."""
+
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,13 @@ import torch
 from ..tables import FOREACH, RULES
 
 # foreach overload -> element overload suffix, in order of preference
-_ELEMENT = {"List": ("Tensor", "default"), "Tensor": ("Tensor", "default"), "Scalar": ("Scalar", "default"),
-            "ScalarList": ("Scalar", "default"), "default": ("default",)}
+_ELEMENT = {
+    "List": ("Tensor", "default"),
+    "Tensor": ("Tensor", "default"),
+    "Scalar": ("Scalar", "default"),
+    "ScalarList": ("Scalar", "default"),
+    "default": ("default",),
+}
 
 
 def _element_rule(base, ov):
@@ -32,11 +38,13 @@ def _foreach_rule(elem_name, elem_rule, list_positions):
 
 
 def _register():
-    names = {n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::_foreach_")}
+    names = {
+        n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::_foreach_")
+    }
     for packet_name in sorted(names):
         if packet_name.endswith("_"):
             continue
-        base = packet_name[len("_foreach_"):]
+        base = packet_name[len("_foreach_") :]
         packet = getattr(torch.ops.aten, packet_name)
         for ov in packet.overloads():
             schema = getattr(packet, ov)._schema

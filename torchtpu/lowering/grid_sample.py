@@ -4,8 +4,8 @@ The forward is a JAX function following PyTorch's CPU kernel (GridSampler.h): un
 coordinates, gather the taps with a validity mask. The gradient is JAX's vjp of that same function, so input
 and grid gradients come from one definition.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 from .. import emit as E
 from .. import jaxfn
@@ -66,6 +66,7 @@ def _sampler(interp, padding, align):
 
         coords = [unnormalize(grid[..., nd - 1 - k], sizes[k]) for k in range(nd)]
         if interp == BICUBIC:
+
             def coeffs(t):
                 c1 = lambda v: ((_A + 2) * v - (_A + 3)) * v * v + 1  # noqa: E731
                 c2 = lambda v: ((_A * v - 5 * _A) * v + 8 * _A) * v - 4 * _A  # noqa: E731
@@ -97,7 +98,6 @@ def _sampler(interp, padding, align):
     return f
 
 
-
 def _forward_rule(nd):
     def rule(tr, inp, grid, interpolation_mode, padding_mode, align_corners):
         out = out_meta(tr)
@@ -105,8 +105,9 @@ def _forward_rule(nd):
             return E.const(tr.fn, 0, out.dtype, out.shape)
         acc = E.acc_dtype(out.dtype)
         static = (interpolation_mode, padding_mode, bool(align_corners))
-        res = jaxfn.call(tr, f"grid_sampler_{nd}d", _sampler(*static), [E.convert(inp, acc), E.convert(grid, acc)],
-                         static)[0]
+        res = jaxfn.call(
+            tr, f"grid_sampler_{nd}d", _sampler(*static), [E.convert(inp, acc), E.convert(grid, acc)], static
+        )[0]
         return E.convert(res, out.dtype)
 
     return rule
@@ -127,8 +128,13 @@ def _backward_rule(nd):
             _, vjp = jax.vjp(f, i, gr)
             return vjp(g)
 
-        di, dg = jaxfn.call(tr, f"grid_sampler_{nd}d_bwd", bwd, [E.convert(grad, acc), E.convert(inp, acc),
-                                                                  E.convert(grid, acc)], static)
+        di, dg = jaxfn.call(
+            tr,
+            f"grid_sampler_{nd}d_bwd",
+            bwd,
+            [E.convert(grad, acc), E.convert(inp, acc), E.convert(grid, acc)],
+            static,
+        )
         di = E.convert(di, gi.dtype) if output_mask[0] else E.const(tr.fn, 0, gi.dtype, gi.shape)
         return di, E.convert(dg, gg.dtype)
 

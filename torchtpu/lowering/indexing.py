@@ -1,4 +1,5 @@
 """cat, index_select, gather/scatter, advanced indexing (index.Tensor, index_put), embedding."""
+
 from __future__ import annotations
 
 import torch
@@ -7,7 +8,8 @@ from .. import emit as E
 from .. import executor as _X
 from .. import jaxfn
 from .. import metrics as _metrics
-from ..tables import direct, inplace_lowering, lowering, out_meta as _meta
+from ..tables import direct, inplace_lowering, lowering
+from ..tables import out_meta as _meta
 from .elementwise import floor_div_int
 from .reduction import init_value
 
@@ -53,8 +55,16 @@ def index_select(tr, x, dim, index):
     out_shape = list(x.shape)
     out_shape[dim] = n
     # offset dims are the output dims other than `dim`; the batch (index) dim sits at `dim`.
-    return E.gather(x, E.reshape(idx, (n, 1)), offset_dims=offset_dims, collapsed=[dim], start_index_map=[dim],
-                    index_vector_dim=1, slice_sizes=slice_sizes, out_shape=out_shape)
+    return E.gather(
+        x,
+        E.reshape(idx, (n, 1)),
+        offset_dims=offset_dims,
+        collapsed=[dim],
+        start_index_map=[dim],
+        index_vector_dim=1,
+        slice_sizes=slice_sizes,
+        out_shape=out_shape,
+    )
 
 
 def _full_indices(index, dim, rank):
@@ -75,8 +85,16 @@ def gather(tr, x, dim, index, sparse_grad=False):
     if x.rank == 0:
         return E.reshape(x, index.shape)
     coords = _full_indices(checked(tr, index, x.shape[dim], negative=False, exc=RuntimeError, dim=dim), dim, x.rank)
-    g = E.gather(x, coords, offset_dims=[], collapsed=list(range(x.rank)), start_index_map=list(range(x.rank)),
-                 index_vector_dim=1, slice_sizes=[1] * x.rank, out_shape=(index.numel,))
+    g = E.gather(
+        x,
+        coords,
+        offset_dims=[],
+        collapsed=list(range(x.rank)),
+        start_index_map=list(range(x.rank)),
+        index_vector_dim=1,
+        slice_sizes=[1] * x.rank,
+        out_shape=(index.numel,),
+    )
     return E.reshape(g, index.shape)
 
 
@@ -92,8 +110,16 @@ def _scatter(tr, x, dim, index, src, combiner):
     elif src.shape != index.shape:
         src = E.slice_(src, [0] * src.rank, list(index.shape))
     coords = _full_indices(checked(tr, index, x.shape[dim], negative=False, exc=RuntimeError, dim=dim), dim, x.rank)
-    return E.scatter(x, coords, E.reshape(E.convert(src, x.dtype), (index.numel,)), [], list(range(x.rank)),
-                     list(range(x.rank)), 1, combiner)
+    return E.scatter(
+        x,
+        coords,
+        E.reshape(E.convert(src, x.dtype), (index.numel,)),
+        [],
+        list(range(x.rank)),
+        list(range(x.rank)),
+        1,
+        combiner,
+    )
 
 
 @lowering("scatter.src", "scatter.value")
@@ -130,9 +156,16 @@ def index(tr, x, indices):
     k = len(pos)
     rest_sizes = list(xt.shape[k:])
     nb = len(bshape)
-    g = E.gather(xt, stacked, offset_dims=list(range(nb, nb + len(rest_sizes))), collapsed=list(range(k)),
-                 start_index_map=list(range(k)), index_vector_dim=nb, slice_sizes=[1] * k + rest_sizes,
-                 out_shape=list(bshape) + rest_sizes)
+    g = E.gather(
+        xt,
+        stacked,
+        offset_dims=list(range(nb, nb + len(rest_sizes))),
+        collapsed=list(range(k)),
+        start_index_map=list(range(k)),
+        index_vector_dim=nb,
+        slice_sizes=[1] * k + rest_sizes,
+        out_shape=list(bshape) + rest_sizes,
+    )
     # torch puts the broadcast dims where the first indexed dim was when indexed dims are adjacent.
     adjacent = pos == list(range(pos[0], pos[0] + k))
     if adjacent and pos[0] > 0:
@@ -160,9 +193,16 @@ def index_put(tr, x, indices, values, accumulate=False):
         vals = E.transpose(vals, order)
     else:
         vals = E.broadcast_to(vals, list(bshape) + rest_sizes)
-    out = E.scatter(xt, stacked, vals, update_window_dims=list(range(nb, nb + len(rest_sizes))),
-                    inserted_window_dims=list(range(k)), scatter_dims_to_operand_dims=list(range(k)),
-                    index_vector_dim=nb, combiner="stablehlo.add" if accumulate else None)
+    out = E.scatter(
+        xt,
+        stacked,
+        vals,
+        update_window_dims=list(range(nb, nb + len(rest_sizes))),
+        inserted_window_dims=list(range(k)),
+        scatter_dims_to_operand_dims=list(range(k)),
+        index_vector_dim=nb,
+        combiner="stablehlo.add" if accumulate else None,
+    )
     inv = [perm.index(d) for d in range(x.rank)]
     return E.transpose(out, inv)
 
@@ -178,14 +218,35 @@ def embedding(tr, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
 def embedding_dense_backward(tr, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     d = grad.shape[-1]
     n = indices.numel
-    idx = checked(tr, E.reshape(indices, (n,)), num_weights, negative=False, message="index {value} is out of range "
-                  f"for an embedding of {num_weights} rows")
+    idx = checked(
+        tr,
+        E.reshape(indices, (n,)),
+        num_weights,
+        negative=False,
+        message=f"index {{value}} is out of range for an embedding of {num_weights} rows",
+    )
     g = E.reshape(grad, (n, d))
     if scale_grad_by_freq:  # each row's gradient divided by how often its index occurs in the batch
-        counts = E.scatter(E.const(tr.fn, 0, torch.int64, (num_weights,)), E.reshape(idx, (n, 1)),
-                           E.const(tr.fn, 1, torch.int64, (n,)), [], [0], [0], 1, "stablehlo.add")
-        freq = E.gather(counts, E.reshape(idx, (n, 1)), offset_dims=[], collapsed=[0], start_index_map=[0],
-                        index_vector_dim=1, slice_sizes=[1], out_shape=(n,))
+        counts = E.scatter(
+            E.const(tr.fn, 0, torch.int64, (num_weights,)),
+            E.reshape(idx, (n, 1)),
+            E.const(tr.fn, 1, torch.int64, (n,)),
+            [],
+            [0],
+            [0],
+            1,
+            "stablehlo.add",
+        )
+        freq = E.gather(
+            counts,
+            E.reshape(idx, (n, 1)),
+            offset_dims=[],
+            collapsed=[0],
+            start_index_map=[0],
+            index_vector_dim=1,
+            slice_sizes=[1],
+            out_shape=(n,),
+        )
         g = E.div(g, E.broadcast_in_dim(E.convert(freq, g.dtype), (n, d), [0]))
     if padding_idx is not None and padding_idx >= 0:
         keep = E.compare(idx, E.const(tr.fn, padding_idx, torch.int64, (n,)), "NE")
@@ -206,13 +267,17 @@ def bincount(self, weights=None, minlength=0):
     is learned by one counted host sync (it reads min and max together); the counting is an index_add."""
     _metrics.inc("op.bincount")
     if self.dim() != 1 or self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
-        raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs (got {self.dtype}"
-                           f"{list(self.shape)} on {self.device}).")
+        raise RuntimeError(
+            f"bincount only supports 1-d non-negative integral inputs (got {self.dtype}"
+            f"{list(self.shape)} on {self.device})."
+        )
     if minlength < 0:
         raise RuntimeError(f"bincount: minlength should be >= 0, got {minlength}")
     if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
-        raise RuntimeError(f"bincount: weights should be 1-d and have the same length as input (input "
-                           f"{list(self.shape)}, weights {list(weights.shape)})")
+        raise RuntimeError(
+            f"bincount: weights should be 1-d and have the same length as input (input "
+            f"{list(self.shape)}, weights {list(weights.shape)})"
+        )
     dtype = torch.int64 if weights is None else torch.float32 if weights.dtype == torch.float32 else torch.float64
     n = minlength
     if self.numel():
@@ -233,11 +298,16 @@ def repeat_interleave(repeats, output_size=None):
     output_size is given; the indices come from a searchsorted over the running sum, on the device."""
     _metrics.inc("op.repeat_interleave")
     if repeats.dim() != 1 or repeats.dtype.is_floating_point or repeats.dtype == torch.bool:
-        raise RuntimeError(f"repeat_interleave: repeats must be a 1-d integer tensor, got {repeats.dtype}"
-                           f"{list(repeats.shape)} on {repeats.device}")
+        raise RuntimeError(
+            f"repeat_interleave: repeats must be a 1-d integer tensor, got {repeats.dtype}"
+            f"{list(repeats.shape)} on {repeats.device}"
+        )
     if output_size is None:
-        lo, total = (_X.read_host(torch.stack([repeats.min(), repeats.sum()]).to(torch.int64), "repeat_interleave")
-                     .tolist() if repeats.numel() else (0, 0))
+        lo, total = (
+            _X.read_host(torch.stack([repeats.min(), repeats.sum()]).to(torch.int64), "repeat_interleave").tolist()
+            if repeats.numel()
+            else (0, 0)
+        )
         if lo < 0:
             raise RuntimeError("repeat_interleave: repeats can not be negative")
         output_size = total
@@ -289,7 +359,9 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
         return x
     if x.rank == 0:
         x1 = E.reshape(x, (1,))
-        return E.reshape(scatter_reduce(tr, x1, 0, E.reshape(index, (1,)), E.reshape(src, (1,)), reduce, include_self), ())
+        return E.reshape(
+            scatter_reduce(tr, x1, 0, E.reshape(index, (1,)), E.reshape(src, (1,)), reduce, include_self), ()
+        )
     kind = SCATTER_COMBINE[reduce]
     coords = _full_indices(checked(tr, index, x.shape[dim], negative=False, exc=RuntimeError, dim=dim), dim, x.rank)
     n = index.numel
@@ -315,7 +387,6 @@ def scatter_reduce(tr, x, dim, index, src, reduce, include_self=True):
         if x.dtype.is_floating_point:
             out = E.div(out, cntv)
         else:
-
             out = floor_div_int(out, cntv)
     return out
 
@@ -329,8 +400,11 @@ def unique2(self, sorted=True, return_inverse=False, return_counts=False):
     n = flat.numel()
     if n == 0:
         empty = self.new_empty((0,))
-        return empty, torch.zeros(self.shape, dtype=torch.int64, device=self.device), \
-            torch.zeros(0, dtype=torch.int64, device=self.device)
+        return (
+            empty,
+            torch.zeros(self.shape, dtype=torch.int64, device=self.device),
+            torch.zeros(0, dtype=torch.int64, device=self.device),
+        )
     s, perm = torch.sort(flat, stable=True)
     starts = torch.ones(n, dtype=torch.bool, device=self.device)
     if n > 1:
@@ -366,11 +440,16 @@ def masked_scatter(tr, x, mask, source):
     m = E.broadcast_to(mask, tuple(out.shape))
     if out.numel() == 0:
         return E.broadcast_to(x, tuple(out.shape))
-    count = E.reduce(E.convert(E.reshape(m, (m.numel,)), torch.int64), E.const(tr.fn, 0, torch.int64), [0],
-                     "stablehlo.add")
-    tr.check(E.compare(count, E.const(tr.fn, source.numel, torch.int64), "GT"), count, RuntimeError,
-             f"masked_scatter: expected source to have at least as many elements as ones in mask ({{value}}), "
-             f"got {source.numel}")
+    count = E.reduce(
+        E.convert(E.reshape(m, (m.numel,)), torch.int64), E.const(tr.fn, 0, torch.int64), [0], "stablehlo.add"
+    )
+    tr.check(
+        E.compare(count, E.const(tr.fn, source.numel, torch.int64), "GT"),
+        count,
+        RuntimeError,
+        f"masked_scatter: expected source to have at least as many elements as ones in mask ({{value}}), "
+        f"got {source.numel}",
+    )
     if source.numel == 0:
         return E.broadcast_to(x, tuple(out.shape))
 
@@ -381,8 +460,12 @@ def masked_scatter(tr, x, mask, source):
         k = jnp.clip(jnp.cumsum(flat.astype(jnp.int64)) - 1, 0, src.size - 1)
         return jnp.where(flat, src.reshape(-1)[k], xv.reshape(-1)).reshape(xv.shape)
 
-    return jaxfn.call(tr, "masked_scatter", f, [E.broadcast_to(E.convert(x, out.dtype), tuple(out.shape)), m,
-                                                 E.convert(source, out.dtype)])[0]
+    return jaxfn.call(
+        tr,
+        "masked_scatter",
+        f,
+        [E.broadcast_to(E.convert(x, out.dtype), tuple(out.shape)), m, E.convert(source, out.dtype)],
+    )[0]
 
 
 @lowering("index_add")
@@ -392,16 +475,22 @@ def index_add(tr, x, dim, index, source, alpha=1):
     if index.numel == 0:
         return x
     if x.rank == 0:
-        return E.reshape(index_add(tr, E.reshape(x, (1,)), 0, E.reshape(index, (1,)),
-                                   E.reshape(source, (1,)), alpha), ())
+        return E.reshape(
+            index_add(tr, E.reshape(x, (1,)), 0, E.reshape(index, (1,)), E.reshape(source, (1,)), alpha), ()
+        )
     dim = dim % x.rank
     size = x.shape[dim]
     src_shape = source.shape if source.rank else (1,)
-    if len(src_shape) != x.rank or any(a != b for d, (a, b) in enumerate(zip(src_shape, x.shape)) if d != dim) \
-            or src_shape[dim] != index.numel:
-        raise RuntimeError("source tensor shape must match self tensor shape, excluding the specified dimension. "
-                           f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}, and index has "
-                           f"{index.numel} elements along dimension {dim}")
+    if (
+        len(src_shape) != x.rank
+        or any(a != b for d, (a, b) in enumerate(zip(src_shape, x.shape)) if d != dim)
+        or src_shape[dim] != index.numel
+    ):
+        raise RuntimeError(
+            "source tensor shape must match self tensor shape, excluding the specified dimension. "
+            f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}, and index has "
+            f"{index.numel} elements along dimension {dim}"
+        )
     src = E.convert(source if source.rank else E.reshape(source, (1,)), x.dtype)
     index = checked(tr, index, size, negative=False, exc=RuntimeError, dim=dim)
 
@@ -454,8 +543,11 @@ def _unique_slices(self, dim, sort, return_inverse, return_counts):
     rows = x.reshape(n, math.prod(x.shape[1:]))
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=dev)
-        return (x if dim is None else x.movedim(0, d)), torch.zeros(self.shape if dim is None else (0,),
-                                                                    dtype=torch.int64, device=dev), empty
+        return (
+            (x if dim is None else x.movedim(0, d)),
+            torch.zeros(self.shape if dim is None else (0,), dtype=torch.int64, device=dev),
+            empty,
+        )
     perm = torch.arange(n, device=dev)
     if sort:
         for c in reversed(range(rows.shape[1])):

@@ -6,6 +6,7 @@ PyTorch's packed outputs are reproduced: LU pivots are 1-based LAPACK row swaps 
 (the first zero pivot of U; for Cholesky the order of the first leading minor that is not positive
 definite). Gradients are PyTorch's own formulas, which reduce to these ops and matmuls.
 """
+
 from __future__ import annotations
 
 from .. import emit as E
@@ -67,8 +68,9 @@ def _lu_solve(lu, perm, b, adjoint=False):
         y = lax.linalg.triangular_solve(lu, pb, left_side=True, lower=True, unit_diagonal=True)
         return lax.linalg.triangular_solve(lu, y, left_side=True, lower=False)
     y = lax.linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
-    z = lax.linalg.triangular_solve(lu, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True,
-                                    conjugate_a=True)
+    z = lax.linalg.triangular_solve(
+        lu, y, left_side=True, lower=True, unit_diagonal=True, transpose_a=True, conjugate_a=True
+    )
     inv = jnp.argsort(perm, axis=-1)
     return jnp.take_along_axis(z, inv[..., :, None], axis=-2)
 
@@ -84,6 +86,7 @@ def _batch_to(x, batch):
 def lu_factor_ex(tr, a, pivot=True, check_errors=False):
     if not pivot:
         raise NotImplementedError("linalg.lu_factor: LU without pivoting is not implemented on tpu (nor on CPU)")
+
     def f(x):
         lu_, piv, _, info = _lu(x)
         return lu_, piv, info
@@ -214,7 +217,7 @@ def _empty_det(tr, sign_log):
     vals = [E.const(tr.fn, 1, metas[0].dtype, metas[0].shape)]
     if sign_log:
         vals.append(E.const(tr.fn, 0, metas[1].dtype, metas[1].shape))
-    return tuple(vals) + tuple(E.const(tr.fn, 0, m.dtype, m.shape) for m in metas[len(vals):])
+    return tuple(vals) + tuple(E.const(tr.fn, 0, m.dtype, m.shape) for m in metas[len(vals) :])
 
 
 @lowering("_linalg_det")
@@ -342,8 +345,9 @@ def solve_triangular(tr, a, b, upper, left=True, unitriangular=False):
         from jax import lax
 
         batch = out.shape[:-2]
-        return lax.linalg.triangular_solve(_batch_to(a_, batch), _batch_to(b_, batch), left_side=left,
-                                           lower=not upper, unit_diagonal=unitriangular)
+        return lax.linalg.triangular_solve(
+            _batch_to(a_, batch), _batch_to(b_, batch), left_side=left, lower=not upper, unit_diagonal=unitriangular
+        )
 
     return _call(tr, "solve_triangular", f, [a, b], (upper, left, unitriangular, tuple(out.shape)))
 
@@ -357,8 +361,14 @@ def triangular_solve(tr, b, a, upper=True, transpose=False, unitriangular=False)
 
         batch = sol.shape[:-2]
         aa = _batch_to(a_, batch)
-        x = lax.linalg.triangular_solve(aa, _batch_to(b_, batch), left_side=True, lower=not upper,
-                                        transpose_a=transpose, unit_diagonal=unitriangular)
+        x = lax.linalg.triangular_solve(
+            aa,
+            _batch_to(b_, batch),
+            left_side=True,
+            lower=not upper,
+            transpose_a=transpose,
+            unit_diagonal=unitriangular,
+        )
         return x, _batch_to(a_, coef.shape[:-2])
 
     return _call(tr, "triangular_solve", f, [b, a], (upper, transpose, unitriangular, tuple(sol.shape)))
@@ -382,9 +392,11 @@ def eigh(tr, a, UPLO="L", compute_v=True):
 def svd(tr, a, full_matrices=False, compute_uv=True, driver=None):
     u_m, vh_m = out_meta(tr, 0), out_meta(tr, 2)
     if a.numel == 0 and full_matrices and compute_uv:  # the complete bases of an empty matrix: identities
-        eye = lambda m: E.broadcast_to(E.convert(E.compare(E.iota(tr.fn, m.shape[-2:], 0),  # noqa: E731
-                                                           E.iota(tr.fn, m.shape[-2:], 1), "EQ"), m.dtype),
-                                       tuple(m.shape))
+
+        def eye(m):
+            diagonal = E.compare(E.iota(tr.fn, m.shape[-2:], 0), E.iota(tr.fn, m.shape[-2:], 1), "EQ")
+            return E.broadcast_to(E.convert(diagonal, m.dtype), tuple(m.shape))
+
         return eye(u_m), E.const(tr.fn, 0, out_meta(tr, 1).dtype, out_meta(tr, 1).shape), eye(vh_m)
 
     def f(x):
@@ -422,4 +434,3 @@ def matrix_exp(tr, a):
         return jsl.expm(x)
 
     return _call(tr, "matrix_exp", f, [a])
-

@@ -1,6 +1,7 @@
 """Gradients of multi_margin_loss and multilabel_margin_loss: `jax.vjp` of the losses written as CPU computes
 them. A hinge term counts where its margin is strictly positive (the vjp of `where(z > 0, z, 0)`, not of
 `maximum`, whose gradient at 0 would be 1/2)."""
+
 from __future__ import annotations
 
 from .. import jaxfn
@@ -63,8 +64,7 @@ def multilabel_margin_loss_backward(tr, grad, x, target, reduction, is_target):
 
         return jaxfn.vjp_in_acc(loss, g, v)
 
-    return jaxfn.call(tr, "multilabel_margin_loss_backward", f, [grad, x, target, is_target],
-                      (reduction, batched))[0]
+    return jaxfn.call(tr, "multilabel_margin_loss_backward", f, [grad, x, target, is_target], (reduction, batched))[0]
 
 
 def _like_input(grad, x, *rest, **kwargs):

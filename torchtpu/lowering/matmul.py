@@ -1,4 +1,5 @@
 """mm/bmm/addmm/baddbmm/mv/dot (matmul and linear decompose into these), addr, and _grouped_mm."""
+
 from __future__ import annotations
 
 import torch
@@ -6,7 +7,8 @@ import torch
 from .. import dtypes as D
 from .. import emit as E
 from .. import jaxfn, runtime
-from ..tables import META, lowering, out_meta as _meta
+from ..tables import META, lowering
+from ..tables import out_meta as _meta
 
 
 def _dot(a, b, lb, rb, lc, rc, out_dtype):
@@ -146,8 +148,9 @@ def _ragged(mode, op_dt, acc, out_dt):
         elif mode == "3d2d":  # columns of b grouped, one matrix of a per group: the transposed 2d3d product
             r = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, preferred_element_type=acc).T
         else:  # 2d2d: the contraction grouped, one product per group (the weight gradient of 2d3d)
-            dn = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [0]), ([], [])),
-                                              lhs_ragged_dimensions=[1], rhs_group_dimensions=[])
+            dn = lax.RaggedDotDimensionNumbers(
+                dot_dimension_numbers=(([1], [0]), ([], [])), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
+            )
             r = lax.ragged_dot_general(a, b, sizes, dn, preferred_element_type=acc)
         return r.astype(out_dt)
 
@@ -166,13 +169,19 @@ def grouped_mm(tr, a, b, offs=None, bias=None, out_dtype=None):
     extent = {"2d3d": a.shape[0], "3d2d": b.shape[1], "2d2d": a.shape[1]}[mode]
     n = offs.shape[0]
     o = E.convert(offs, torch.int64)
-    prev = E.concatenate([E.const(tr.fn, 0, torch.int64, (1,)), E.slice_(o, [0], [n - 1], [1])], 0) if n > 1 \
+    prev = (
+        E.concatenate([E.const(tr.fn, 0, torch.int64, (1,)), E.slice_(o, [0], [n - 1], [1])], 0)
+        if n > 1
         else E.const(tr.fn, 0, torch.int64, (1,))
+    )
     bad = E.binary("or", E.compare(o, prev, "LT"), E.compare(o, E.const(tr.fn, extent, torch.int64, (n,)), "GT"))
-    tr.check(bad, o, RuntimeError, f"offsets must be nondecreasing, from 0 to {extent} (the grouped dimension); "
-                                   "got an offset of {value}")
+    tr.check(
+        bad,
+        o,
+        RuntimeError,
+        f"offsets must be nondecreasing, from 0 to {extent} (the grouped dimension); got an offset of {{value}}",
+    )
     acc = E.acc_dtype(m.dtype)
     op_dt = acc if acc != a.dtype and runtime.get().platform == "cpu" else a.dtype  # see _dot
     fn = _ragged(mode, D.to_numpy(op_dt), D.to_numpy(acc), D.to_numpy(m.dtype))
     return jaxfn.call(tr, f"grouped_mm_{mode}", fn, [a, b, offs], static=(mode, str(op_dt), str(m.dtype)))[0]
-

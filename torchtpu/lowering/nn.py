@@ -1,5 +1,6 @@
 """Activations, softmax, layer norm, losses and embedding rules (backward ops decompose
 through PyTorch's decompositions unless a rule is here)."""
+
 from __future__ import annotations
 
 import math
@@ -7,11 +8,11 @@ import math
 import torch
 
 from .. import emit as E
-from ..tables import META, lowering, out_meta as _meta
+from ..tables import META, lowering
+from ..tables import out_meta as _meta
 from .elementwise import erf_value
 from .elementwise import half_in_f32 as _in_acc  # activation rules: halves computed in float32, rounded once
 from .reduction import reduce
-
 
 
 def _c(x, v):
@@ -37,8 +38,9 @@ def hardtanh(tr, x, min_val=-1, max_val=1):
 @lowering("hardtanh_backward")
 @_in_acc
 def hardtanh_backward(tr, grad, x, min_val, max_val):
-    outside = E.binary("or", E.compare(x, tr.scalar(min_val, x.dtype), "LE"),
-                       E.compare(x, tr.scalar(max_val, x.dtype), "GE"))
+    outside = E.binary(
+        "or", E.compare(x, tr.scalar(min_val, x.dtype), "LE"), E.compare(x, tr.scalar(max_val, x.dtype), "GE")
+    )
     return E.select(outside, _c(grad, 0), grad)
 
 
@@ -57,8 +59,9 @@ def leaky_relu_backward(tr, grad, x, negative_slope, self_is_result):
 @lowering("elu")
 @_in_acc
 def elu(tr, x, alpha=1, scale=1, input_scale=1):
-    neg = E.mul(E.unary("exponential_minus_one", E.mul(x, tr.scalar(input_scale, x.dtype))),
-                tr.scalar(alpha * scale, x.dtype))
+    neg = E.mul(
+        E.unary("exponential_minus_one", E.mul(x, tr.scalar(input_scale, x.dtype))), tr.scalar(alpha * scale, x.dtype)
+    )
     return E.select(E.compare(x, _c(x, 0), "GT"), E.mul(x, tr.scalar(scale, x.dtype)), neg)
 
 
@@ -96,8 +99,10 @@ def gelu_backward(tr, grad, x, approximate="none"):
         inner = E.mul(_c(xv, k), E.add(xv, E.mul(_c(xv, c3), E.mul(x2, xv))))
         t = E.unary("tanh", inner)
         dinner = E.mul(_c(xv, k), E.add(_c(xv, 1.0), E.mul(_c(xv, 3 * c3), x2)))
-        d = E.add(E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), t)),
-                  E.mul(E.mul(_c(xv, 0.5), xv), E.mul(E.sub(_c(xv, 1.0), E.mul(t, t)), dinner)))
+        d = E.add(
+            E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), t)),
+            E.mul(E.mul(_c(xv, 0.5), xv), E.mul(E.sub(_c(xv, 1.0), E.mul(t, t)), dinner)),
+        )
     else:
         cdf = E.mul(_c(xv, 0.5), E.add(_c(xv, 1.0), erf_value(E.mul(xv, _c(xv, 1 / math.sqrt(2))))))
         pdf = E.mul(_c(xv, 1 / math.sqrt(2 * math.pi)), E.unary("exponential", E.mul(_c(xv, -0.5), E.mul(xv, xv))))
@@ -190,8 +195,11 @@ def native_layer_norm(tr, x, normalized_shape, weight, bias, eps):
     if bias is not None:
         y = E.add(y, E.convert(bias, acc))
     stat_shape = _meta(tr, 1).shape
-    return E.convert(y, dt), E.convert(E.reshape(mean, stat_shape), _meta(tr, 1).dtype), \
-        E.convert(E.reshape(rstd, stat_shape), _meta(tr, 2).dtype)
+    return (
+        E.convert(y, dt),
+        E.convert(E.reshape(mean, stat_shape), _meta(tr, 1).dtype),
+        E.convert(E.reshape(rstd, stat_shape), _meta(tr, 2).dtype),
+    )
 
 
 @lowering("native_layer_norm_backward")
@@ -236,7 +244,9 @@ def _check_targets(tr, target, ignore_index, classes):
     t = E.convert(target, torch.int64)
     c = lambda v: E.const(fn, v, torch.int64, t.shape)  # noqa: E731
     out = E.binary("or", E.compare(t, c(0), "LT"), E.compare(t, c(classes), "GE"))
-    tr.check(E.binary("and", out, E.compare(t, c(ignore_index), "NE")), t, IndexError, "Target {value} is out of bounds.")
+    tr.check(
+        E.binary("and", out, E.compare(t, c(ignore_index), "NE")), t, IndexError, "Target {value} is out of bounds."
+    )
 
 
 def _nll_weights(x, target, weight, ignore_index, dim_c):
@@ -254,7 +264,6 @@ def _nll_weights(x, target, weight, ignore_index, dim_c):
 
 @lowering("nll_loss_forward")
 def nll_loss_forward(tr, x, target, weight, reduction, ignore_index):
-    dt = x.dtype
     dim_c = 1 if x.rank >= 2 else 0
     if x.rank == 1:
         x = E.reshape(x, (1, x.shape[0]))
@@ -344,8 +353,9 @@ def native_batch_norm_no_training(tr, x, weight, bias, running_mean, running_var
 
 
 @lowering("native_batch_norm_backward")
-def native_batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd, train,
-                               eps, output_mask):
+def native_batch_norm_backward(
+    tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     """Train: through the batch statistics; eval: a per-channel scale. Weight/bias gradients are sums."""
     dt = x.dtype
     acc = E.acc_dtype(dt)
@@ -405,10 +415,13 @@ def _batch_norm_meta(op_name, training_arg):
     return meta
 
 
-for _name, _training in (("native_batch_norm", lambda a, k: a[5]), ("_native_batch_norm_legit", lambda a, k: a[5]),
-                         ("_native_batch_norm_legit.no_stats", lambda a, k: a[3]),
-                         ("_native_batch_norm_legit_no_training", lambda a, k: False),
-                         ("_batch_norm_with_update", lambda a, k: True)):
+for _name, _training in (
+    ("native_batch_norm", lambda a, k: a[5]),
+    ("_native_batch_norm_legit", lambda a, k: a[5]),
+    ("_native_batch_norm_legit.no_stats", lambda a, k: a[3]),
+    ("_native_batch_norm_legit_no_training", lambda a, k: False),
+    ("_batch_norm_with_update", lambda a, k: True),
+):
     META[_name] = _batch_norm_meta(_name, _training)
 
 
@@ -420,15 +433,16 @@ def batch_norm_with_update(tr, x, weight, bias, running_mean, running_var, momen
 @lowering("_batch_norm_no_update")
 def batch_norm_no_update(tr, x, weight, bias, running_mean, running_var, momentum, eps):
     training = running_mean is None or running_var is None  # no running stats: batch statistics, no update
-    return _with_reserve(tr, native_batch_norm(tr, x, weight, bias, running_mean, running_var, training,
-                                               momentum, eps))
+    return _with_reserve(tr, native_batch_norm(tr, x, weight, bias, running_mean, running_var, training, momentum, eps))
 
 
 @lowering("batch_norm_backward")
-def batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps,
-                        output_mask, reserve):
-    return native_batch_norm_backward(tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd,
-                                      update, eps, output_mask)
+def batch_norm_backward(
+    tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, output_mask, reserve
+):
+    return native_batch_norm_backward(
+        tr, grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, output_mask
+    )
 
 
 def _within(tr, x, lambd):
@@ -457,5 +471,8 @@ def hardshrink(tr, x, lambd=0.5):
 def softshrink(tr, x, lambd=0.5):
     """x - lambd above lambd, x + lambd below -lambd, x * 0 between (so -0.0 and NaN stay, as on CPU)."""
     lam = tr.scalar(lambd, x.dtype)
-    return E.select(E.compare(x, lam, "GT"), E.sub(x, lam),
-                    E.select(E.compare(x, E.unary("negate", lam), "LT"), E.add(x, lam), E.mul(x, _c(x, 0))))
+    return E.select(
+        E.compare(x, lam, "GT"),
+        E.sub(x, lam),
+        E.select(E.compare(x, E.unary("negate", lam), "LT"), E.add(x, lam), E.mul(x, _c(x, 0))),
+    )

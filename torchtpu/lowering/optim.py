@@ -1,12 +1,14 @@
-"""The fused optimizers (``torch.optim.Adam/AdamW/SGD(fused=True)``; fused AdamW is what Hugging Face's Trainer picks by default): one
-op per step over every parameter, so one op-table entry and one fragment instead of a dozen ``_foreach_*`` calls,
-and no CPU fallback. The learning rate and the other float hyper-parameters are runtime values (csrc/executor/
+"""The fused optimizers (``torch.optim.Adam/AdamW/SGD(fused=True)``; fused AdamW is what Hugging Face's Trainer picks by
+default): one op per step over every parameter, so one op-table entry and one fragment instead of a dozen ``_foreach_*``
+calls, and no CPU fallback. The learning rate and the other float hyper-parameters are runtime values (csrc/executor/
 kernel.cpp ``floats_at_run_time``): a schedule changes them every step without a new lowering or compile.
 
 Semantics follow PyTorch's CPU kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp): grads divided by
 ``grad_scale`` (and written back unscaled), no update at all where ``found_inf`` is set, math in float32 for
-half-precision tensors (SGD: aten/src/ATen/native/cpu/FusedSGDKernel.cpp, the same grad_scale and found_inf). The bias corrections use the device's step counters (``1 - beta**step`` as
+half-precision tensors (SGD: aten/src/ATen/native/cpu/FusedSGDKernel.cpp, the same grad_scale and found_inf). The bias
+corrections use the device's step counters (``1 - beta**step`` as
 ``-expm1(step * log(beta))``, accurate in float32 where ``1 - beta2**step`` is not for small steps)."""
+
 from __future__ import annotations
 
 import math
@@ -52,8 +54,25 @@ def _written(tr, outs, skip):
     return result
 
 
-def _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay,
-          eps, amsgrad, maximize, grad_scale, found_inf, decoupled):
+def _adam(
+    tr,
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale,
+    found_inf,
+    decoupled,
+):
     f32 = torch.float32
     if not params:
         return ()
@@ -102,10 +121,44 @@ def _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps
 
 
 def _register(name, decoupled):
-    def rule(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-             weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-        return _adam(tr, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                     weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled)
+    def rule(
+        tr,
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        *,
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        grad_scale=None,
+        found_inf=None,
+    ):
+        return _adam(
+            tr,
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            max_exp_avg_sqs,
+            state_steps,
+            lr,
+            beta1,
+            beta2,
+            weight_decay,
+            eps,
+            amsgrad,
+            maximize,
+            grad_scale,
+            found_inf,
+            decoupled,
+        )
 
     rule.__name__ = name
     inplace_lowering(name)(rule)
@@ -117,8 +170,22 @@ _register("_fused_adam_", False)
 _register("_fused_adamw_", True)
 
 
-def _sgd(tr, params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
-         is_first_step, grad_scale=None, found_inf=None):
+def _sgd(
+    tr,
+    params,
+    grads,
+    momentum_buffer_list,
+    *,
+    weight_decay,
+    momentum,
+    lr,
+    dampening,
+    nesterov,
+    maximize,
+    is_first_step,
+    grad_scale=None,
+    found_inf=None,
+):
     """SGD's step: decay added to the gradient, then momentum (the first step's buffer is the gradient itself),
     Nesterov or not; ``momentum``'s being zero (keyed by value, like every 0) decides whether there are buffers."""
     if not params:

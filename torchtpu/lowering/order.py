@@ -4,6 +4,7 @@ addbmm, index_reduce -- JAX functions (scans, sorts, scatters), no host round tr
 NaN follows CPU: it is the largest value in sorts and selections, a running max/min stays NaN once it meets
 one, and median of a slice holding a NaN is NaN (nanmedian skips them).
 """
+
 from __future__ import annotations
 
 import torch
@@ -196,8 +197,13 @@ def put(tr, x, index, source, accumulate=False):
         i = idx.reshape(-1).astype(jnp.int64)
         i = jnp.where(i < 0, i + n, i)
         s = src.reshape(-1).astype(v.dtype)
-        flat = flat.at[i].add(s) if accumulate and v.dtype != jnp.bool_ else \
-            flat.at[i].max(s) if accumulate else flat.at[i].set(s)
+        flat = (
+            flat.at[i].add(s)
+            if accumulate and v.dtype != jnp.bool_
+            else flat.at[i].max(s)
+            if accumulate
+            else flat.at[i].set(s)
+        )
         return flat.reshape(v.shape)
 
     if index.numel == 0:
@@ -208,8 +214,13 @@ def put(tr, x, index, source, accumulate=False):
 
 def _flat_checked(tr, index, n):
 
-    return checked(tr, index, n, negative=True,
-                   message=f"out of range: tried to access index {{value}} on a tensor of {n} elements.")
+    return checked(
+        tr,
+        index,
+        n,
+        negative=True,
+        message=f"out of range: tried to access index {{value}} on a tensor of {n} elements.",
+    )
 
 
 @lowering("addbmm")
@@ -221,8 +232,13 @@ def addbmm(tr, x, b1, b2, beta=1, alpha=1):
     def f(xv, a, b, be, al):
         import jax.numpy as jnp
 
-        prod = jnp.einsum("bij,bjk->ik", a, b, precision="highest",
-                          preferred_element_type=jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else None)
+        prod = jnp.einsum(
+            "bij,bjk->ik",
+            a,
+            b,
+            precision="highest",
+            preferred_element_type=jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else None,
+        )
         prod = (prod * al).astype(xv.dtype) if alpha != 1 else prod.astype(xv.dtype)
         if beta == 0:  # beta = 0 ignores x, NaNs included, as on CPU
             return jnp.broadcast_to(prod, out.shape)
@@ -239,8 +255,9 @@ def index_reduce(tr, x, dim, index, source, reduce, include_self=True):
         return x
     if x.rank == 0:
         x1 = E.reshape(x, (1,))
-        return E.reshape(index_reduce(tr, x1, 0, E.reshape(index, (1,)), E.reshape(source, (1,)), reduce,
-                                      include_self), ())
+        return E.reshape(
+            index_reduce(tr, x1, 0, E.reshape(index, (1,)), E.reshape(source, (1,)), reduce, include_self), ()
+        )
     d = dim % x.rank
     size = x.shape[d]
 
@@ -269,11 +286,15 @@ def index_reduce(tr, x, dim, index, source, reduce, include_self=True):
             return base.at[sel].multiply(src)
         big = jnp.finfo(v.dtype).max if jnp.issubdtype(v.dtype, jnp.floating) else jnp.iinfo(v.dtype).max
         if reduce == "amax":
-            base = v if include_self else jnp.where(touched, -jnp.inf if jnp.issubdtype(v.dtype, jnp.floating)
-                                                     else jnp.iinfo(v.dtype).min, v)
+            base = (
+                v
+                if include_self
+                else jnp.where(
+                    touched, -jnp.inf if jnp.issubdtype(v.dtype, jnp.floating) else jnp.iinfo(v.dtype).min, v
+                )
+            )
             return base.at[sel].max(src)
-        base = v if include_self else jnp.where(touched, jnp.inf if jnp.issubdtype(v.dtype, jnp.floating)
-                                                 else big, v)
+        base = v if include_self else jnp.where(touched, jnp.inf if jnp.issubdtype(v.dtype, jnp.floating) else big, v)
         return base.at[sel].min(src)
 
     return jaxfn.call(tr, "index_reduce", f, [x, index, source], (d, reduce, bool(include_self)))[0]
@@ -291,9 +312,15 @@ def _index_write(tr, name, x, dim, index, value):
     val = E.convert(value, x.dtype) if isinstance(value, E.Value) else tr.scalar(value, x.dtype)
 
     # index_fill counts negative indices from the end; index_copy rejects them (as CPU does)
-    index = checked(tr, index, size, negative=name == "index_fill", dim=d,
-                    message=("index_copy_(): " if name == "index_copy" else "") +
-                    f"index {{value}} is out of bounds for dimension {d} with size {size}")
+    index = checked(
+        tr,
+        index,
+        size,
+        negative=name == "index_fill",
+        dim=d,
+        message=("index_copy_(): " if name == "index_copy" else "")
+        + f"index {{value}} is out of bounds for dimension {d} with size {size}",
+    )
 
     def f(v, idx, s):
         import jax.numpy as jnp

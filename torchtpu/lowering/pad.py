@@ -4,6 +4,7 @@ The forward is `jnp.pad` (numpy's 'reflect' is PyTorch's reflection, 'edge' its 
 padding crops, as PyTorch allows for replication. The gradient is `jax.vjp` of that forward: every output
 position adds its gradient back onto the input element it copied (a scatter-add XLA plans).
 """
+
 from __future__ import annotations
 
 from .. import emit as E

@@ -1,4 +1,5 @@
 """Average pooling (1d/2d/3d through avg_pool2d/3d) and its gradient, via JAX's reduce_window."""
+
 from __future__ import annotations
 
 import math
@@ -7,7 +8,8 @@ import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..tables import lowering, out_meta as _meta
+from ..tables import lowering
+from ..tables import out_meta as _meta
 from .upsample import apply_separable
 
 
@@ -60,8 +62,7 @@ def _avg_args(x, nd, kernel_size, stride, padding):
 
 
 def _avg_pool_rule(nd):
-    def rule(tr, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-             divisor_override=None):
+    def rule(tr, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
         k, s, p = _avg_args(x, nd, kernel_size, stride, [padding] if isinstance(padding, int) else padding)
         f = _avg_pool_fn(nd, k, s, p, ceil_mode, count_include_pad, divisor_override, x.shape)
         static = (tuple(k), tuple(s), tuple(p), ceil_mode, count_include_pad, divisor_override)
@@ -117,8 +118,15 @@ def _max_pool_fn(nd, kernel, stride, padding, dilation, ceil_mode, in_shape):
             return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
 
         init = (jnp.array(low, x.dtype), jnp.array(-1, jnp.int64))
-        return lax.reduce_window((xp, ip), init, pick, (1,) * lead + tuple(kernel), (1,) * lead + tuple(stride),
-                                 "VALID", window_dilation=(1,) * lead + tuple(dilation))
+        return lax.reduce_window(
+            (xp, ip),
+            init,
+            pick,
+            (1,) * lead + tuple(kernel),
+            (1,) * lead + tuple(stride),
+            "VALID",
+            window_dilation=(1,) * lead + tuple(dilation),
+        )
 
     return f
 

@@ -1,11 +1,11 @@
 """Random ops from the tpu generator: counter-based Philox (seed, offset) as a runtime parameter,
 so streams are reproducible and identical in every mode."""
+
 from __future__ import annotations
 
 import math
 
 import torch
-
 
 from .. import emit as E
 from ..tables import inplace_lowering
@@ -85,7 +85,11 @@ def bernoulli_tensor_(tr, x, p, generator=None):
 @inplace_lowering("random_.from")
 def random_from_(tr, x, from_, to=None, generator=None):
     if to is None:
-        to = 2 ** 63 - 1 if x.dtype == torch.int64 else (2 ** (torch.finfo(x.dtype).nmant + 1) if x.dtype.is_floating_point else torch.iinfo(x.dtype).max + 1)
+        to = (
+            2**63 - 1
+            if x.dtype == torch.int64
+            else (2 ** (torch.finfo(x.dtype).nmant + 1) if x.dtype.is_floating_point else torch.iinfo(x.dtype).max + 1)
+        )
     span = to - from_
     u = uniform01(tr, generator, x.shape, torch.float64)
     v = E.unary("floor", E.mul(u, E.const(tr.fn, float(span), torch.float64, x.shape)))

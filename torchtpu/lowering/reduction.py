@@ -1,4 +1,5 @@
 """Reductions: sum/mean/prod, max/min (values, indices), argmax/argmin, var/std, any/all."""
+
 from __future__ import annotations
 
 import math
@@ -7,7 +8,8 @@ import torch
 
 from .. import emit as E
 from ..hlo import region, tensor_type
-from ..tables import lowering, out_meta as _meta
+from ..tables import lowering
+from ..tables import out_meta as _meta
 
 
 def reduced_dims(x, dim):
@@ -143,8 +145,14 @@ def arg_reduce(x, dim, keepdim, is_max):
     it1 = tensor_type((), torch.bool)
     direction = "GT" if is_max else "LT"
     kind = "FLOAT" if x.dtype.is_floating_point else ("UNSIGNED" if x.dtype in (torch.bool, torch.uint8) else "SIGNED")
-    cmp = lambda a, b, d: f'"stablehlo.compare"({a}, {b}) {{comparison_direction = #stablehlo<comparison_direction {d}>, compare_type = #stablehlo<comparison_type {kind}>}} : ({t}, {t}) -> {it1}'  # noqa: E731
-    icmp = f'"stablehlo.compare"(%bi, %ai) {{comparison_direction = #stablehlo<comparison_direction LT>, compare_type = #stablehlo<comparison_type SIGNED>}} : ({it}, {it}) -> {it1}'
+
+    def cmp(a, b, d, kind=kind, t=t):
+        return (
+            f'"stablehlo.compare"({a}, {b}) {{comparison_direction = #stablehlo<comparison_direction {d}>, '
+            f"compare_type = #stablehlo<comparison_type {kind}>}} : ({t}, {t}) -> {it1}"
+        )
+
+    icmp = cmp("%bi", "%ai", "LT", "SIGNED", it)
     body = [
         f"%better = {cmp('%bv', '%av', direction)}",
         f"%eq = {cmp('%bv', '%av', 'EQ')}",
@@ -163,7 +171,11 @@ def arg_reduce(x, dim, keepdim, is_max):
         f'%ri = "stablehlo.select"(%c3, %bi, %ai) : ({it1}, {it}, {it}) -> {it}',
         f'"stablehlo.return"(%rv, %ri) : ({t}, {it}) -> ()',
     ]
-    init_v = init_value(fn, "maximum" if is_max else "minimum", x.dtype) if x.dtype != torch.bool else E.const(fn, not is_max, torch.bool)
+    init_v = (
+        init_value(fn, "maximum" if is_max else "minimum", x.dtype)
+        if x.dtype != torch.bool
+        else E.const(fn, not is_max, torch.bool)
+    )
     init_i = E.const(fn, 0, torch.int64)
     v, i = E.reduce_multi([x, idx], [init_v, init_i], [dim], body, ["%av", "%ai", "%bv", "%bi"])
     if keepdim:
@@ -241,8 +253,11 @@ def logsumexp(tr, x, dim, keepdim=False):
     xv = E.convert(x, dt)
     re = E.real(xv)  # complex values shift by the largest real part, as CPU does
     m = reduce(re, dims, "maximum", True)
-    m = E.select(E.compare(E.unary("abs", m), E.const(x.fn, math.inf, m.dtype, m.shape), "EQ"),
-                 E.const(x.fn, 0, m.dtype, m.shape), m)
+    m = E.select(
+        E.compare(E.unary("abs", m), E.const(x.fn, math.inf, m.dtype, m.shape), "EQ"),
+        E.const(x.fn, 0, m.dtype, m.shape),
+        m,
+    )
     m = E.convert(m, dt)
     s = reduce(E.unary("exponential", E.sub(xv, m)), dims, "add", True)
     r = E.add(E.unary("log", s), m)
@@ -258,7 +273,13 @@ def sort_values_indices(x, dim, descending):
     idx = E.iota(fn, x.shape, dim)
     t, it, b = tensor_type((), x.dtype), tensor_type((), torch.int64), tensor_type((), torch.bool)
     kind = "FLOAT" if x.dtype.is_floating_point else ("UNSIGNED" if x.dtype in (torch.bool, torch.uint8) else "SIGNED")
-    cmp = lambda a, c, d: f'"stablehlo.compare"({a}, {c}) {{comparison_direction = #stablehlo<comparison_direction {d}>, compare_type = #stablehlo<comparison_type {kind}>}} : ({t}, {t}) -> {b}'  # noqa: E731
+
+    def cmp(a, c, d):
+        return (
+            f'"stablehlo.compare"({a}, {c}) {{comparison_direction = #stablehlo<comparison_direction {d}>, '
+            f"compare_type = #stablehlo<comparison_type {kind}>}} : ({t}, {t}) -> {b}"
+        )
+
     first, second = ("%a", "%b") if not descending else ("%b", "%a")
     body = [
         f"%lt = {cmp(first, second, 'LT')}",
@@ -270,8 +291,13 @@ def sort_values_indices(x, dim, descending):
         f'"stablehlo.return"(%r) : ({b}) -> ()',
     ]
     reg = region([("%a", t), ("%b", t), ("%ia", it), ("%ib", it)], body)
-    v, i = fn.op_multi("stablehlo.sort", [x, idx], [(x.shape, x.dtype), (x.shape, torch.int64)],
-                       f"dimension = {dim} : i64, is_stable = true", reg)
+    v, i = fn.op_multi(
+        "stablehlo.sort",
+        [x, idx],
+        [(x.shape, x.dtype), (x.shape, torch.int64)],
+        f"dimension = {dim} : i64, is_stable = true",
+        reg,
+    )
     return v, i
 
 
@@ -301,8 +327,11 @@ def vector_norm(tr, x, ord=2, dim=None, keepdim=False, dtype=None):
     out = _meta(tr)
     dt = out.dtype
     acc = E.acc_dtype(dt)
-    dims = list(range(x.rank)) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else \
-        [d % max(x.rank, 1) for d in ([dim] if isinstance(dim, int) else dim)]
+    dims = (
+        list(range(x.rank))
+        if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0)
+        else [d % max(x.rank, 1) for d in ([dim] if isinstance(dim, int) else dim)]
+    )
     dims = dims if x.rank else []
     a = E.convert(E.unary("abs", x), acc)  # |x| first: a complex x's modulus
     c = lambda v: E.const(x.fn, v, acc, a.shape)  # noqa: E731

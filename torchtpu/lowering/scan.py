@@ -1,11 +1,13 @@
 """Scans and searches lowered through JAX: cumsum, cumprod, logcumsumexp, searchsorted/bucketize."""
+
 from __future__ import annotations
 
 import torch
 
 from .. import emit as E
 from .. import jaxfn
-from ..tables import lowering, out_meta as _meta
+from ..tables import lowering
+from ..tables import out_meta as _meta
 
 
 def _scan(kind):

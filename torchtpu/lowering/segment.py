@@ -3,6 +3,7 @@ gradient, as CPU computes them: the accumulator starts at `initial` when given (
 length; an empty segment is `initial`), else at the identity (an empty mean is NaN); max/min gradients are
 shared equally among ties; prod's gradient handles zeros (one zero: the product of the others). Segment ids
 come from a searchsorted over the running lengths, per leading index, all on the device."""
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,13 @@ def _layout(jnp, data, lengths, offsets, axis):
 
 
 def _seg(jax, kind, x, ids, s):
-    fn = {"sum": jax.ops.segment_sum, "mean": jax.ops.segment_sum, "prod": jax.ops.segment_prod,
-          "max": jax.ops.segment_max, "min": jax.ops.segment_min}[kind]
+    fn = {
+        "sum": jax.ops.segment_sum,
+        "mean": jax.ops.segment_sum,
+        "prod": jax.ops.segment_prod,
+        "max": jax.ops.segment_max,
+        "min": jax.ops.segment_min,
+    }[kind]
     return jax.vmap(lambda v, i: fn(v, i, num_segments=s))(x, ids)
 
 
@@ -39,8 +45,7 @@ def _forward_fn(reduce, axis, initial, has_lengths):
 
         dt = data.dtype
         wide = jaxfn.acc_dtype(dt)
-        x, lens, ids = _layout(jnp, data.astype(wide), seg if has_lengths else None, None if has_lengths else seg,
-                               axis)
+        x, lens, ids = _layout(jnp, data.astype(wide), seg if has_lengths else None, None if has_lengths else seg, axis)
         s = lens.shape[1]
         out = _seg(jax, reduce, x, ids, s)  # (R, S, T)
         if reduce in ("max", "min"):  # NaN in a segment wins, as on CPU
@@ -49,13 +54,18 @@ def _forward_fn(reduce, axis, initial, has_lengths):
         count = lens[:, :, None].astype(wide)
         if initial is not None:
             init = jnp.asarray(initial, wide)
-            out = {"sum": out + init, "mean": out + init, "prod": out * init, "max": jnp.maximum(out, init),
-                   "min": jnp.minimum(out, init)}[reduce]
+            out = {
+                "sum": out + init,
+                "mean": out + init,
+                "prod": out * init,
+                "max": jnp.maximum(out, init),
+                "min": jnp.minimum(out, init),
+            }[reduce]
             if reduce == "mean":
                 out = jnp.where(count == 0, init, out / jnp.where(count == 0, 1, count))
         elif reduce == "mean":
             out = out / count
-        shape = data.shape[:axis] + (s,) + data.shape[axis + 1:]
+        shape = data.shape[:axis] + (s,) + data.shape[axis + 1 :]
         return out.reshape(shape).astype(dt)
 
     return f
@@ -68,8 +78,7 @@ def _backward_fn(reduce, axis, initial, has_lengths):
 
         dt = data.dtype
         wide = jaxfn.acc_dtype(dt)
-        x, lens, ids = _layout(jnp, data.astype(wide), seg if has_lengths else None, None if has_lengths else seg,
-                               axis)
+        x, lens, ids = _layout(jnp, data.astype(wide), seg if has_lengths else None, None if has_lengths else seg, axis)
         r, n, t = x.shape
         s = lens.shape[1]
         g = grad.astype(wide).reshape((r, s, t))
@@ -95,8 +104,9 @@ def _backward_fn(reduce, axis, initial, has_lengths):
             others = at(_seg(jax, "prod", jnp.where(x == 0, 1, x), ids, s))
             if initial is not None:
                 others = others * initial
-            gi = jnp.where(zeros == 0, ge * at(o) / jnp.where(x == 0, 1, x),
-                           jnp.where((zeros == 1) & (x == 0), ge * others, 0))
+            gi = jnp.where(
+                zeros == 0, ge * at(o) / jnp.where(x == 0, 1, x), jnp.where((zeros == 1) & (x == 0), ge * others, 0)
+            )
         gi = jnp.where(inside, gi, 0)
         return gi.reshape(data.shape).astype(dt)
 
@@ -129,5 +139,6 @@ def segment_reduce_backward(tr, grad, output, data, reduce, lengths=None, offset
     seg = lengths if lengths is not None else offsets
     init = None if initial is None else float(initial)
     f = _backward_fn(reduce, axis, init, lengths is not None)
-    return jaxfn.call(tr, "segment_reduce_backward", f, [grad, output, data, seg],
-                      (reduce, axis, init, lengths is not None))[0]
+    return jaxfn.call(
+        tr, "segment_reduce_backward", f, [grad, output, data, seg], (reduce, axis, init, lengths is not None)
+    )[0]

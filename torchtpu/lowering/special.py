@@ -4,6 +4,7 @@ StableHLO has no acos, lgamma, erfinv, Bessel functions...; XLA's CHLO dialect a
 careful expansions of them, so each rule here is one `jaxfn.call`. Half-precision inputs are computed in
 float32 and rounded once, as PyTorch's CPU kernels do.
 """
+
 from __future__ import annotations
 
 import torch
@@ -12,7 +13,6 @@ from .. import emit as E
 from .. import jaxfn
 from ..tables import lowering, out_meta
 from .elementwise import operand
-
 
 
 def _elementwise(name, f, n_outputs=1):
@@ -47,15 +47,35 @@ def _sps(attr):
     return f
 
 
-for _op, _f in {"acos": "arccos", "asin": "arcsin", "atan": "arctan", "acosh": "arccosh", "asinh": "arcsinh",
-                "atanh": "arctanh", "cosh": "cosh", "sinh": "sinh", "log2": "log2", "log10": "log10",
-                "hypot": "hypot", "nextafter": "nextafter"}.items():
+for _op, _f in {
+    "acos": "arccos",
+    "asin": "arcsin",
+    "atan": "arctan",
+    "acosh": "arccosh",
+    "asinh": "arcsinh",
+    "atanh": "arctanh",
+    "cosh": "cosh",
+    "sinh": "sinh",
+    "log2": "log2",
+    "log10": "log10",
+    "hypot": "hypot",
+    "nextafter": "nextafter",
+}.items():
     lowering(_op)(_elementwise(_op, _jnp(_f)))
 
-for _op, _f in {"erfinv": "erfinv", "lgamma": "gammaln", "i0": "i0", "special_i0e": "i0e", "special_i1": "i1",
-                "special_i1e": "i1e", "special_ndtri": "ndtri", "special_erfcx": "erfcx",
-                "special_log_ndtr": "log_ndtr", "igamma": "gammainc",
-                "igammac": "gammaincc"}.items():
+for _op, _f in {
+    "erfinv": "erfinv",
+    "lgamma": "gammaln",
+    "i0": "i0",
+    "special_i0e": "i0e",
+    "special_i1": "i1",
+    "special_i1e": "i1e",
+    "special_ndtri": "ndtri",
+    "special_erfcx": "erfcx",
+    "special_log_ndtr": "log_ndtr",
+    "igamma": "gammainc",
+    "igammac": "gammaincc",
+}.items():
     lowering(_op)(_elementwise(_op, _sps(_f)))
 
 
@@ -72,9 +92,20 @@ lowering("digamma")(_elementwise("digamma", _digamma))
 
 # Hurwitz zeta as PyTorch's CPU kernel computes it (Cephes: a direct sum, then Euler-Maclaurin with 12
 # Bernoulli terms). JAX's zeta returns nan for q < 0, where polygamma of negative arguments needs it.
-_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
-           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
-           1.8152105401943546773e17, -7.1661652561756670113e18)
+_ZETA_A = (
+    12.0,
+    -720.0,
+    30240.0,
+    -1209600.0,
+    47900160.0,
+    -1.8924375803183791606e9,
+    7.47242496e10,
+    -2.950130727918164224e12,
+    1.1646782814350067249e14,
+    -4.5979787224074726105e15,
+    1.8152105401943546773e17,
+    -7.1661652561756670113e18,
+)
 
 
 def _zeta(x, q):
@@ -125,7 +156,7 @@ def _trigamma(x):
     import jax.numpy as jnp
 
     neg = x < 0.5
-    result = jnp.where(neg, -(jnp.pi ** 2) / jnp.sin(jnp.pi * x) ** 2, jnp.zeros_like(x))
+    result = jnp.where(neg, -(jnp.pi**2) / jnp.sin(jnp.pi * x) ** 2, jnp.zeros_like(x))
     x = jnp.where(neg, 1 - x, x)
     for _ in range(6):
         result = result + 1 / (x * x)
@@ -253,10 +284,20 @@ def _shift(left):
     return rule
 
 
-lowering("bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift.Scalar_Tensor",
-         "__lshift__.Tensor", "__lshift__.Scalar")(_shift(True))
-lowering("bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift.Scalar_Tensor",
-         "__rshift__.Tensor", "__rshift__.Scalar")(_shift(False))
+lowering(
+    "bitwise_left_shift.Tensor",
+    "bitwise_left_shift.Tensor_Scalar",
+    "bitwise_left_shift.Scalar_Tensor",
+    "__lshift__.Tensor",
+    "__lshift__.Scalar",
+)(_shift(True))
+lowering(
+    "bitwise_right_shift.Tensor",
+    "bitwise_right_shift.Tensor_Scalar",
+    "bitwise_right_shift.Scalar_Tensor",
+    "__rshift__.Tensor",
+    "__rshift__.Scalar",
+)(_shift(False))
 
 
 @lowering("angle")

@@ -6,6 +6,7 @@ so the forward is one matmul per dim and the gradient is the transposed matmul (
 scatter). The weights are built on the host with PyTorch's index arithmetic (float32 scales, the same
 clamping), so the taps match the CPU kernels.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,7 @@ def apply_separable(x, mats, transpose=False):
     for i, m in enumerate(mats):
         axis = x.ndim - k + i
         a = jnp.asarray(m, x.dtype)
-        x = jnp.moveaxis(jnp.tensordot(x, a if transpose else a.T, axes=([axis], [0]), precision="highest"), -1,
-                         axis)
+        x = jnp.moveaxis(jnp.tensordot(x, a if transpose else a.T, axes=([axis], [0]), precision="highest"), -1, axis)
     return x
 
 
@@ -138,7 +138,6 @@ def _matrices(kind, in_sizes, out_sizes, align_corners, scales):
     return [make(n, m, align_corners, s) for n, m, s in zip(in_sizes, out_sizes, scales)]
 
 
-
 def _run(tr, name, x, key, transpose, dt, shape):
     if math.prod(shape) == 0:
         return E.const(tr.fn, 0, dt, shape)
@@ -169,8 +168,13 @@ for _nd in (1, 2, 3):
     for _op, _kind in ((f"upsample_nearest{_nd}d", "nearest"), (f"_upsample_nearest_exact{_nd}d", "nearest_exact")):
         lowering(_op)(_forward_rule(_kind, _nd, False))
         lowering(f"{_op}_backward")(_backward_rule(_kind, _nd, False))
-for _op, _kind, _nd in (("upsample_linear1d", "linear", 1), ("upsample_bilinear2d", "linear", 2),
-                        ("upsample_trilinear3d", "linear", 3), ("upsample_bicubic2d", "cubic", 2),
-                        ("_upsample_bilinear2d_aa", "linear_aa", 2), ("_upsample_bicubic2d_aa", "cubic_aa", 2)):
+for _op, _kind, _nd in (
+    ("upsample_linear1d", "linear", 1),
+    ("upsample_bilinear2d", "linear", 2),
+    ("upsample_trilinear3d", "linear", 3),
+    ("upsample_bicubic2d", "cubic", 2),
+    ("_upsample_bilinear2d_aa", "linear_aa", 2),
+    ("_upsample_bicubic2d_aa", "cubic_aa", 2),
+):
     lowering(_op)(_forward_rule(_kind, _nd, True))
     lowering(f"{_op}_backward")(_backward_rule(_kind, _nd, True))

@@ -42,8 +42,7 @@ from __future__ import annotations
 
 # The rule families and the eager lowerers register themselves on import (interp.HANDLERS, kernels.LOWERERS,
 # tables.DIRECT).
-from . import data_dependent, eager_buckets, eager_symbolic  # noqa: F401
-from . import rules_index, rules_reduce, rules_spatial, rules_views  # noqa: F401
+from . import data_dependent, eager_buckets, eager_symbolic, rules_index, rules_reduce, rules_spatial, rules_views  # noqa: F401
 from .padded import Unsupported
 from .policy import bucket, enabled, get_shape_buckets, set_shape_buckets
 

@@ -24,7 +24,9 @@ def nonzero(self):
 def masked_select(self, mask):
     metrics.inc("op.masked_select")
     shape = torch.broadcast_shapes(self.shape, mask.shape)
-    m = executor.read_host(mask.expand(shape) if mask.device.type == "tpu" else mask.expand(shape).to(self.device), "masked_select")
+    m = executor.read_host(
+        mask.expand(shape) if mask.device.type == "tpu" else mask.expand(shape).to(self.device), "masked_select"
+    )
     flat_idx = rows_tensor(torch.nonzero(m.reshape(-1)).reshape(-1), self.device, ("masked_select", shape), m.numel())
     return self.expand(shape).reshape(-1).index_select(0, flat_idx)
 

@@ -24,6 +24,7 @@ bucketed again when the rows are its outermost dim (its exact view is then conti
 the table keys that call at its exact sizes, as without buckets (right, a program per count), counted in
 ``op_table.bucket_exact``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -84,7 +85,7 @@ def note_lowering(name, values) -> None:
             continue
         shape = tuple(v.shape)
         for d, n in enumerate(shape):
-            key = (name, i, d, shape[:d] + shape[d + 1:], v.dtype)
+            key = (name, i, d, shape[:d] + shape[d + 1 :], v.dtype)
             seen = _SIZES.get(key)
             if seen is None:
                 if len(_SIZES) >= _SIZES_MAX:
@@ -104,7 +105,6 @@ def note_lowering(name, values) -> None:
     if periods >= VARYING_AFTER and not _warned_varying:
         _warned_varying.append(name)
 
-
         warnings.warn(
             f"torchtpu: aten::{name} was lowered for {len(sizes)} sizes of dim {d} of its argument {i}, new ones in "
             f"{periods} steps ({describe(v)}; sizes {sorted(sizes)[:8]}...), the rest equal, at {user_line()}; each "
@@ -113,7 +113,8 @@ def note_lowering(name, values) -> None:
             "(TORCHTPU_BUCKETS_DEBUG=1 says why an op declines): torch.compile(model, backend='tpu', dynamic=True) "
             "compiles once per bucket of such sizes (torchtpu.set_shape_buckets), or pad batches to a few lengths. "
             "Counted in torchtpu.metrics as lowerings.size_changes; warned once.",
-            stacklevel=2)
+            stacklevel=2,
+        )
 
 
 _STICKY: dict = {}  # (op, input shape, dtype) -> the largest capacity its counts were given (bounded)
@@ -158,7 +159,11 @@ def mask(tr, v, dim, kind):
     n = tr.rows(ROWS_CLASS)
     pos = E.iota(fn, v.shape, dim)
     valid = E.compare(pos, E.broadcast_to(n, v.shape), "LT")
-    fill = E.const(fn, kind[1], v.dtype) if isinstance(kind, tuple) else E.convert(R.init_value(fn, kind, v.dtype), v.dtype)
+    fill = (
+        E.const(fn, kind[1], v.dtype)
+        if isinstance(kind, tuple)
+        else E.convert(R.init_value(fn, kind, v.dtype), v.dtype)
+    )
     return E.select(valid, v, E.broadcast_to(fill, v.shape))
 
 
@@ -209,55 +214,158 @@ def _rows_var(d, outputs):
 
 # -- which ops, and how ------------------------------------------------------------------------------------------------
 _ROWWISE_EXTRA = {
-    "where.self", "clone", "_to_copy", "copy_", "copy", "fill_.Scalar", "fill_.Tensor", "fill.Scalar", "fill.Tensor",
-    "zero_", "zero", "zeros_like", "ones_like", "empty_like", "full_like", "masked_fill.Scalar", "masked_fill.Tensor",
-    "masked_fill_.Scalar", "masked_fill_.Tensor", "new_zeros", "new_ones", "new_empty", "new_full",
-    "new_empty_strided", "gelu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "silu_backward",
-    "logit_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",
+    "where.self",
+    "clone",
+    "_to_copy",
+    "copy_",
+    "copy",
+    "fill_.Scalar",
+    "fill_.Tensor",
+    "fill.Scalar",
+    "fill.Tensor",
+    "zero_",
+    "zero",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "masked_fill.Scalar",
+    "masked_fill.Tensor",
+    "masked_fill_.Scalar",
+    "masked_fill_.Tensor",
+    "new_zeros",
+    "new_ones",
+    "new_empty",
+    "new_full",
+    "new_empty_strided",
+    "gelu_backward",
+    "threshold_backward",
+    "tanh_backward",
+    "sigmoid_backward",
+    "silu_backward",
+    "logit_backward",
+    "hardtanh_backward",
+    "leaky_relu_backward",
+    "elu_backward",
+    "softplus_backward",
 }
 
 # ops over a batch's samples one by one (their dim 0): the padding samples compute padding
 # (name -> the argument positions of its weights, which are not samples)
-_PER_SAMPLE = {"convolution_overrideable": (1, 2), **{n: () for n in (
-    "max_pool2d_with_indices", "avg_pool2d", "_adaptive_avg_pool2d", "max_pool2d_with_indices_backward",
-    "avg_pool2d_backward", "_adaptive_avg_pool2d_backward", "upsample_nearest2d", "upsample_bilinear2d")}}
+_PER_SAMPLE = {
+    "convolution_overrideable": (1, 2),
+    **{
+        n: ()
+        for n in (
+            "max_pool2d_with_indices",
+            "avg_pool2d",
+            "_adaptive_avg_pool2d",
+            "max_pool2d_with_indices_backward",
+            "avg_pool2d_backward",
+            "_adaptive_avg_pool2d_backward",
+            "upsample_nearest2d",
+            "upsample_bilinear2d",
+        )
+    },
+}
 # (grad_output, input, weight...): the weight's and bias's gradients sum over the samples
 _PER_SAMPLE_BACKWARD = {"convolution_backward_overrideable"}
 
 # reductions and per-row normalizations: (argument index of the dims, default when absent: None = every dim)
 _REDUCE = {
-    "sum.dim_IntList": (1, None), "sum": (None, None), "mean.dim": (1, None), "amax": (1, None),
-    "amin": (1, None), "max.dim": (1, None), "min.dim": (1, None), "argmax": (1, None), "argmin": (1, None),
-    "any.dim": (1, None), "all.dim": (1, None), "any.dims": (1, None), "all.dims": (1, None),
-    "prod.dim_int": (1, None), "logsumexp": (1, None), "var.correction": (1, None), "std.correction": (1, None),
-    "var_mean.correction": (1, None), "std_mean.correction": (1, None), "linalg_vector_norm": (2, None),
-    "_softmax": (1, None), "_log_softmax": (1, None), "_softmax_backward_data": (2, None),
-    "_log_softmax_backward_data": (2, None), "cumsum": (1, None), "cumprod": (1, None), "logcumsumexp": (1, None),
-    "topk": (2, -1), "sort": (1, -1), "sort.stable": (2, -1), "max": (None, None), "min": (None, None),
-    "prod": (None, None), "any": (None, None), "all": (None, None), "mean": (None, None),
+    "sum.dim_IntList": (1, None),
+    "sum": (None, None),
+    "mean.dim": (1, None),
+    "amax": (1, None),
+    "amin": (1, None),
+    "max.dim": (1, None),
+    "min.dim": (1, None),
+    "argmax": (1, None),
+    "argmin": (1, None),
+    "any.dim": (1, None),
+    "all.dim": (1, None),
+    "any.dims": (1, None),
+    "all.dims": (1, None),
+    "prod.dim_int": (1, None),
+    "logsumexp": (1, None),
+    "var.correction": (1, None),
+    "std.correction": (1, None),
+    "var_mean.correction": (1, None),
+    "std_mean.correction": (1, None),
+    "linalg_vector_norm": (2, None),
+    "_softmax": (1, None),
+    "_log_softmax": (1, None),
+    "_softmax_backward_data": (2, None),
+    "_log_softmax_backward_data": (2, None),
+    "cumsum": (1, None),
+    "cumprod": (1, None),
+    "logcumsumexp": (1, None),
+    "topk": (2, -1),
+    "sort": (1, -1),
+    "sort.stable": (2, -1),
+    "max": (None, None),
+    "min": (None, None),
+    "prod": (None, None),
+    "any": (None, None),
+    "all": (None, None),
+    "mean": (None, None),
 }
 # along the rows, these are right as they are: the valid rows of a prefix scan read only valid rows
 _PREFIX = {"cumsum", "cumprod", "logcumsumexp"}
 # along the rows, these are right once the padding reads as the identity of their reduction (lowering/reduction.py)
 ZERO = "add"  # the padding of sums, contractions and indices reads as 0
 # along the rows, these take the valid count (the rule is replaced; the padding reads 0)
-_BY_COUNT = {"mean.dim": _rows_mean, "var.correction": lambda d: _rows_var(d, ("var",)),
-             "std.correction": lambda d: _rows_var(d, ("std",)),
-             "var_mean.correction": lambda d: _rows_var(d, ("var", "mean")),
-             "std_mean.correction": lambda d: _rows_var(d, ("std", "mean"))}
+_BY_COUNT = {
+    "mean.dim": _rows_mean,
+    "var.correction": lambda d: _rows_var(d, ("var",)),
+    "std.correction": lambda d: _rows_var(d, ("std",)),
+    "var_mean.correction": lambda d: _rows_var(d, ("var", "mean")),
+    "std_mean.correction": lambda d: _rows_var(d, ("std", "mean")),
+}
 # along the rows, softmax-like ops are right once their inputs' padding reads so (per argument position)
-_SOFTMAX = {"_softmax": ("maximum",), "_log_softmax": ("maximum",), "logsumexp": ("maximum",),
-            "_softmax_backward_data": (ZERO, ZERO), "_log_softmax_backward_data": (ZERO, ZERO)}
-_IDENTITY = {"sum.dim_IntList": ZERO, "sum": ZERO, "amax": "maximum", "amin": "minimum", "max.dim": "maximum",
-             "min.dim": "minimum", "max": "maximum", "min": "minimum", "argmax": "maximum", "argmin": "minimum",
-             "prod.dim_int": "multiply", "prod": "multiply", "any.dim": "or", "any.dims": "or", "any": "or",
-             "all.dim": "and", "all.dims": "and", "all": "and"}
+_SOFTMAX = {
+    "_softmax": ("maximum",),
+    "_log_softmax": ("maximum",),
+    "logsumexp": ("maximum",),
+    "_softmax_backward_data": (ZERO, ZERO),
+    "_log_softmax_backward_data": (ZERO, ZERO),
+}
+_IDENTITY = {
+    "sum.dim_IntList": ZERO,
+    "sum": ZERO,
+    "amax": "maximum",
+    "amin": "minimum",
+    "max.dim": "maximum",
+    "min.dim": "minimum",
+    "max": "maximum",
+    "min": "minimum",
+    "argmax": "maximum",
+    "argmin": "minimum",
+    "prod.dim_int": "multiply",
+    "prod": "multiply",
+    "any.dim": "or",
+    "any.dims": "or",
+    "any": "or",
+    "all.dim": "and",
+    "all.dims": "and",
+    "all": "and",
+}
 
-_SCATTER = {"scatter_add", "scatter_reduce.two", "scatter.src", "scatter.value", "scatter.reduce",
-            "scatter.value_reduce"}
+_SCATTER = {
+    "scatter_add",
+    "scatter_reduce.two",
+    "scatter.src",
+    "scatter.value",
+    "scatter.reduce",
+    "scatter.value_reduce",
+}
 # matmuls: the role of each dim of (a, b): r = result rows, c = result columns, k = contracted, b = batch
-_MATMUL = {"mm": (0, 1, ("r", "k"), ("k", "c")), "addmm": (1, 2, ("r", "k"), ("k", "c")),
-           "bmm": (0, 1, ("b", "r", "k"), ("b", "k", "c")), "baddbmm": (1, 2, ("b", "r", "k"), ("b", "k", "c"))}
+_MATMUL = {
+    "mm": (0, 1, ("r", "k"), ("k", "c")),
+    "addmm": (1, 2, ("r", "k"), ("k", "c")),
+    "bmm": (0, 1, ("b", "r", "k"), ("b", "k", "c")),
+    "baddbmm": (1, 2, ("b", "r", "k"), ("b", "k", "c")),
+}
 
 
 def _dims(value, nd, default):
@@ -306,7 +414,7 @@ def _classify(fname, args, kwargs, bdim):
                 return masks, lambda tr, x, dtype=None: by_dims(tr, x, None, False, dtype)
             return masks, _BY_COUNT[name](d)
         if name in _SOFTMAX:
-            xs = args[:len(_SOFTMAX[name])]
+            xs = args[: len(_SOFTMAX[name])]
             return {id(t): kind for t, kind in zip(xs, _SOFTMAX[name])}
         if name == "linalg_vector_norm":
             order = args[1] if len(args) > 1 else kwargs.get("ord", 2)
@@ -322,7 +430,7 @@ def _classify(fname, args, kwargs, bdim):
     if packet in _MATMUL:
         ia, ib, ra, rb = _MATMUL[packet]
         a, b = args[ia], args[ib]
-        if any(id(t) in bdim for t in (*args[:ia], *args[ib + 1:]) if isinstance(t, torch.Tensor)):
+        if any(id(t) in bdim for t in (*args[:ia], *args[ib + 1 :]) if isinstance(t, torch.Tensor)):
             raise Decline(f"{name}: a bucketed bias")
         roles = {ra[bdim[id(a)]]} if id(a) in bdim else set()
         roles |= {rb[bdim[id(b)]]} if id(b) in bdim else set()
@@ -335,7 +443,7 @@ def _classify(fname, args, kwargs, bdim):
         if "b" in roles and not (id(a) in bdim and id(b) in bdim):
             raise Decline(f"{name}: a batch of rows against an exact batch")
         out_pos = {"b": 0, "r": len(ra) - 2, "c": len(ra) - 1}
-        for bias in (t for t in (*args[:ia], *args[ib + 1:]) if isinstance(t, torch.Tensor)):
+        for bias in (t for t in (*args[:ia], *args[ib + 1 :]) if isinstance(t, torch.Tensor)):
             for role in roles:  # an exact bias along the rows: broadcast against the capacity, it would pass unseen
                 k = out_pos[role] - (len(ra) - bias.dim())
                 if 0 <= k and bias.shape[k] != 1:
@@ -381,12 +489,18 @@ def _classify(fname, args, kwargs, bdim):
         self, indices, values = args[0], args[1], args[2]
         accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
         idx = [i for i in indices if i is not None]
-        if not accumulate or id(self) in bdim or id(values) not in bdim or any(
-                id(i) not in bdim or i.dim() != 1 for i in idx):
-            raise Decline(f"index_put: not an accumulation of bucketed values at bucketed indices (accumulate "
-                          f"{bool(accumulate)}, self {id(self) in bdim}, values {tuple(values.shape)} "
-                          f"{values.stride()} {id(values) in bdim}, indices "
-                          f"{[(tuple(i.shape), i.dtype, id(i) in bdim) for i in idx]})")
+        if (
+            not accumulate
+            or id(self) in bdim
+            or id(values) not in bdim
+            or any(id(i) not in bdim or i.dim() != 1 for i in idx)
+        ):
+            raise Decline(
+                f"index_put: not an accumulation of bucketed values at bucketed indices (accumulate "
+                f"{bool(accumulate)}, self {id(self) in bdim}, values {tuple(values.shape)} "
+                f"{values.stride()} {id(values) in bdim}, indices "
+                f"{[(tuple(i.shape), i.dtype, id(i) in bdim) for i in idx]})"
+            )
         where = [k for k, i in enumerate(indices) if i is not None]
         start = where[0] if where == list(range(where[0], where[0] + len(where))) else 0
         result_nd = self.dim() - len(indices) + 1
@@ -404,7 +518,7 @@ def _classify(fname, args, kwargs, bdim):
 
     if name in ("nll_loss_forward", "nll_loss_backward"):
         back = name == "nll_loss_backward"
-        x, target, weight, reduction, ignore = args[back:back + 5]
+        x, target, weight, reduction, ignore = args[back : back + 5]
         if x.dim() != 2 or bdim.get(id(x)) != 0 or bdim.get(id(target)) != 0 or id(weight) in bdim:
             raise Decline(f"{name}: not a loss over bucketed rows of (rows, classes) with their targets")
         masks = {id(x): ZERO, id(target): ("fill", ignore)}  # the padding rows are ignored targets
@@ -492,8 +606,11 @@ def _standins(values, bucketed, extra=0, meta=False):
         t = vals[arg] if elem < 0 else vals[arg][elem]
         size = list(t.shape)
         size[dim] = cap + extra
-        s = (torch.empty_strided(size, t.stride(), dtype=t.dtype, device="meta") if meta
-             else t.as_strided(size, t.stride(), t.storage_offset()))
+        s = (
+            torch.empty_strided(size, t.stride(), dtype=t.dtype, device="meta")
+            if meta
+            else t.as_strided(size, t.stride(), t.storage_offset())
+        )
         if elem < 0:
             vals[arg] = s
         else:
@@ -530,11 +647,15 @@ def lower(name, values, runtime_slots, storages, device, rows, bucketed):
             return ("python",), None
         except Exception as e:  # noqa: BLE001 — a call wrong at its exact sizes raises there, with its own message
             raise Decline(f"the rule failed at the capacity ({type(e).__name__})") from None
-        _, fid, _, scalar_params, _, outputs, _, _, has_checks, _ = entry  # kernels._Call.entry's tuple
+        _, fid, _, scalar_params, _, outputs, _, _, has_checks, _ = entry  # kernels.Call.entry's tuple
         if any(s[0] == FROM_RNG for s in scalar_params):  # the draws would follow the capacity
             raise Decline("random numbers")
-        if fid >= 0 and has_checks and not call.masks and name.split(".")[0] not in (
-                "index", "index_select", "embedding"):
+        if (
+            fid >= 0
+            and has_checks
+            and not call.masks
+            and name.split(".")[0] not in ("index", "index_select", "embedding")
+        ):
             raise Decline("device-side checks over padding rows")
         entry[5] = _follow(call, values, bucketed, outputs)
         return tuple(entry), call.registration

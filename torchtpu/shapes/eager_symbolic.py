@@ -20,8 +20,8 @@ Anything the interpreter cannot prove right (its ``Unsupported``), an op without
 or ``out=`` form, answers ``exact``: the call is keyed again at its exact sizes (right, a program per size), counted
 in ``op_table.bucket_exact`` and ``eager_symbolic.declined.<op>`` (``TORCHTPU_BUCKETS_DEBUG=1`` prints why).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import sys
 
@@ -60,7 +60,7 @@ def _expr(code_or_value, s0):
     if f is None:
         return code_or_value
     a, b, p = f
-    return a * s0 ** p + b
+    return a * s0**p + b
 
 
 def _code_of(expr, s0):
@@ -108,9 +108,11 @@ def lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
         why = f"the padded lowering failed ({type(e).__name__}: {e})"
     metrics.inc(f"eager_symbolic.declined.{kernels.cpp_name(name)}")
     if config.get("buckets_debug"):
-
-        print(f"torchtpu: eager symbolic: {name} runs at exact sizes: {why} (at {user_line()}; "
-              f"{_describe(values, forms)})", file=sys.stderr)
+        print(
+            f"torchtpu: eager symbolic: {name} runs at exact sizes: {why} (at {user_line()}; "
+            f"{_describe(values, forms)})",
+            file=sys.stderr,
+        )
     return EXACT, None
 
 
@@ -130,7 +132,6 @@ def _describe(values, forms):
     """Each tensor argument's sizes, strides and offset as keyed (forms of L) and its storage's shape codes."""
     import sympy
 
-
     L = sympy.Symbol("L")
     keyed, _ = _split_forms(forms)
 
@@ -141,7 +142,7 @@ def _describe(values, forms):
         nd = v.dim()
         sym, _cap, codes = _C._sym_of(v) if v.device.type == "tpu" else (-1, 0, [])
         store = f" of [{', '.join(str(_expr(c, L)).replace(' ', '') for c in codes)}]" if sym >= 0 else ""
-        return f"({', '.join(ex[:nd])}) strides ({', '.join(ex[nd:2 * nd])}) +{ex[-1]}{store}"
+        return f"({', '.join(ex[:nd])}) strides ({', '.join(ex[nd : 2 * nd])}) +{ex[-1]}{store}"
 
     out = []
     for i, v in enumerate(values):
@@ -156,7 +157,6 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
 
     call = kernels.Call(name, values, True, runtime_slots, storages, device)
     kind, fname, _rule, out_names = call.info
@@ -189,7 +189,7 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
         nd = t.dim()
         vals = list(t.shape) + list(t.stride()) + [t.storage_offset()]
         ex = [_expr(slots.get(k, v), s0) for k, v in enumerate(vals)]
-        return ex[:nd], ex[nd:2 * nd], ex[2 * nd]
+        return ex[:nd], ex[nd : 2 * nd], ex[2 * nd]
 
     def plain(a):
         return a.value if isinstance(a, kernels.RuntimeScalar) else a
@@ -310,8 +310,10 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
             outputs.append((kernels.NEW, 0, -1, [v.numel], [1], v.dtype, -1, -1, c))
         slot = OutputSlot(j, meta)
         tr.write(slot, v if o is not None else E.reshape(v, tuple(c)))
-    fid = tr.fragment(f"{kernels.label(name, *kernels.map_args(kernels.plain, call.args, call.kwargs))} "
-                      f"(a varying size, bucket {capacity})")
+    fid = tr.fragment(
+        f"{kernels.label(name, *kernels.map_args(kernels.plain, call.args, call.kwargs))} "
+        f"(a varying size, bucket {capacity})"
+    )
     registration = getattr(tr, "registration", None) if fid >= 0 else None
     scalar_params = [(src[0], src[1][0], src[1][1], src[2]) for _, _, src in tr._scalars]
     res_targets = []
@@ -324,8 +326,18 @@ def _lower(name, values, runtime_slots, storages, device, sym, capacity, forms):
             raise Decline("it writes an argument")
     returns = kernels.SINGLE if isinstance(fout, torch.Tensor) else kernels.TUPLE
     metrics.inc("eager_symbolic.lowered")
-    return ("program", fid, list(tr._params), scalar_params, res_targets, outputs, returns, sorted(call.seen),
-            bool(tr.checks), []), registration
+    return (
+        "program",
+        fid,
+        list(tr._params),
+        scalar_params,
+        res_targets,
+        outputs,
+        returns,
+        sorted(call.seen),
+        bool(tr.checks),
+        [],
+    ), registration
 
 
 _FUNCTIONAL = {"copy_": torch.ops.aten.copy.default}  # in-place ops whose rule is their own
@@ -350,7 +362,7 @@ class _in_range:
         self.n = len(self.tr.checks)
 
     def __exit__(self, *exc):
-        del self.tr.checks[self.n:]
+        del self.tr.checks[self.n :]
 
 
 class _quiet_fake_tensors:
@@ -368,8 +380,7 @@ class _quiet_fake_tensors:
 
 
 def _has_handler(func) -> bool:
-    return (func in interp.HANDLERS or func.overloadpacket in interp.HANDLERS
-            or torch.Tag.pointwise in func.tags)
+    return func in interp.HANDLERS or func.overloadpacket in interp.HANDLERS or torch.Tag.pointwise in func.tags
 
 
 def _decomposed(mode, func, fargs, fkwargs):
@@ -445,8 +456,9 @@ def _write_padded(ctx, flat, sizes, strides, offset, value):
     """The flat storage with the valid values of padded tensor `value` written through the view (sizes, strides,
     offset); the padding's writes go to one extra position, dropped after."""
     szs, padded, idx, mask = _positions(ctx, sizes, strides, offset)
-    if tuple(value.t.shape) != tuple(padded) or any(len(f) != 1 or (f[0][1] is None) != (not isinstance(z, Sz))
-                                                   for f, z in zip(value.dims, szs)):
+    if tuple(value.t.shape) != tuple(padded) or any(
+        len(f) != 1 or (f[0][1] is None) != (not isinstance(z, Sz)) for f, z in zip(value.dims, szs)
+    ):
         raise Decline("a written value laid out otherwise than its view")
     n = flat.numel()
     if mask is not None:

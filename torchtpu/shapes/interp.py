@@ -2,14 +2,16 @@
 (``handles``; the rule families are rules_*.py), plus the generic rules: symbolic ints, pointwise ops, dropout and
 factories. An op with no rule runs as is when no padding reaches it, else raises ``Unsupported``.
 """
+
 from __future__ import annotations
 
 import math
 import operator
+
 import torch
 
 from .. import config
-from .padded import Ctx, PT, Sz, Unsupported, agree, fresh_dims, plain, same_factors
+from .padded import PT, Ctx, Sz, Unsupported, agree, fresh_dims, plain, same_factors
 
 # -- the interpreter -------------------------------------------------------------------------------------------------
 HANDLERS = {}
@@ -58,9 +60,14 @@ def _check(node, out, ctx):
     """The result's shape must be the node's symbolic shape at the buckets (a handler's own consistency check)."""
     val = meta_val(node)
     if isinstance(out, PT) and isinstance(val, torch.Tensor):
-        want = tuple(ctx.size(s.node.expr).padded if isinstance(s, torch.SymInt) and
-                     isinstance(ctx.size(s.node.expr), Sz) else int(ctx.size(s.node.expr))
-                     if isinstance(s, torch.SymInt) else int(s) for s in val.shape)
+        want = tuple(
+            ctx.size(s.node.expr).padded
+            if isinstance(s, torch.SymInt) and isinstance(ctx.size(s.node.expr), Sz)
+            else int(ctx.size(s.node.expr))
+            if isinstance(s, torch.SymInt)
+            else int(s)
+            for s in val.shape
+        )
         if tuple(out.t.shape) != want:
             raise Unsupported(f"{node.target}: padded result {tuple(out.t.shape)} != {want}")
         if out.t.dtype != val.dtype:
@@ -101,8 +108,9 @@ def call_node(node, args, kwargs, ctx):
         if h is None and torch.Tag.pointwise in target.tags:
             h = _pointwise
     if h is None:
-        if not any(isinstance(a, (PT, Sz, Rt)) and (not isinstance(a, PT) or a.any_tainted)
-                   for a in flat_args(args, kwargs)):
+        if not any(
+            isinstance(a, (PT, Sz, Rt)) and (not isinstance(a, PT) or a.any_tainted) for a in flat_args(args, kwargs)
+        ):
             # no padding reaches it and no symbolic size: it runs as is
             out = target(*padded_args(args), **padded_args(kwargs))
             return _wrap_plain(out)
@@ -173,8 +181,18 @@ def _sym_binary(fn):
     return h
 
 
-for _op in (operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod, operator.neg,
-            operator.truediv, operator.pow, torch.sym_max, torch.sym_min):
+for _op in (
+    operator.mul,
+    operator.add,
+    operator.sub,
+    operator.floordiv,
+    operator.mod,
+    operator.neg,
+    operator.truediv,
+    operator.pow,
+    torch.sym_max,
+    torch.sym_min,
+):
     HANDLERS[_op] = _sym_binary(_op)
 
 
@@ -244,8 +262,13 @@ def _call_pointwise(node, args, kwargs, ctx):
         name = target.overloadpacket
         dev = next((x.device for x in a if isinstance(x, torch.Tensor)), None)
         # clamp(x, 0, s - 1): its Tensor overload takes both bounds as tensors
-        wrapped = [a[0], *(torch.full((), x, device=dev) if isinstance(x, (int, float)) and not isinstance(x, bool)
-                           else x for x in a[1:])]
+        wrapped = [
+            a[0],
+            *(
+                torch.full((), x, device=dev) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+                for x in a[1:]
+            ),
+        ]
         for ov in ("Tensor", "Tensor_Tensor", "Scalar_Tensor", "Tensor_Scalar"):
             alt = getattr(name, ov, None) if hasattr(name, ov) else None
             if alt is not None:
@@ -303,13 +326,32 @@ def _pointwise(node, args, kwargs, ctx):
     return PT(out, broadcast_dims(node, tensors, out, ctx))
 
 
-for _op in (aten.where.self, aten.clone.default, aten.alias.default, aten._to_copy.default,
-            aten.lift_fresh_copy.default, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
-            aten.empty_like.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.clamp.default,
-            aten.clamp.Tensor, torch.ops.prims.convert_element_type.default, aten.copy.default,
-            aten.gelu_backward.default, aten.threshold_backward.default, aten.tanh_backward.default,
-            aten.sigmoid_backward.default, aten.silu_backward.default, aten.native_dropout_backward.default,
-            aten.zero.default, aten.fill.Scalar, aten.fill.Tensor):
+for _op in (
+    aten.where.self,
+    aten.clone.default,
+    aten.alias.default,
+    aten._to_copy.default,
+    aten.lift_fresh_copy.default,
+    aten.full_like.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.empty_like.default,
+    aten.masked_fill.Scalar,
+    aten.masked_fill.Tensor,
+    aten.clamp.default,
+    aten.clamp.Tensor,
+    torch.ops.prims.convert_element_type.default,
+    aten.copy.default,
+    aten.gelu_backward.default,
+    aten.threshold_backward.default,
+    aten.tanh_backward.default,
+    aten.sigmoid_backward.default,
+    aten.silu_backward.default,
+    aten.native_dropout_backward.default,
+    aten.zero.default,
+    aten.fill.Scalar,
+    aten.fill.Tensor,
+):
     HANDLERS[_op] = _pointwise
 
 
@@ -340,10 +382,24 @@ def _factory(node, args, kwargs, ctx):
     return PT(out, fresh_dims(ctx, val, out))
 
 
-for _op in (aten.arange.start_step, aten.arange.start, aten.arange.default, aten.full.default, aten.zeros.default,
-            aten.ones.default, aten.empty.memory_format, aten.scalar_tensor.default, aten.new_zeros.default,
-            aten.new_ones.default, aten.new_full.default, aten.new_empty.default, aten.empty_strided.default,
-            aten.empty_permuted.default, aten.new_empty_strided.default, torch.ops.prims.iota.default):
+for _op in (
+    aten.arange.start_step,
+    aten.arange.start,
+    aten.arange.default,
+    aten.full.default,
+    aten.zeros.default,
+    aten.ones.default,
+    aten.empty.memory_format,
+    aten.scalar_tensor.default,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_full.default,
+    aten.new_empty.default,
+    aten.empty_strided.default,
+    aten.empty_permuted.default,
+    aten.new_empty_strided.default,
+    torch.ops.prims.iota.default,
+):
     HANDLERS[_op] = _factory
 
 

@@ -2,12 +2,15 @@
 symbolic size: expression, padded value, true value at runtime), the interpreter's context ``Ctx``, the masks of
 valid positions, and the gathers between the compact layout the user sees and the padded one the rules compute on.
 """
+
 from __future__ import annotations
 
 import math
+
 import torch
 
 from .policy import alone, bucket
+
 
 class Unsupported(Exception):
     """The graph cannot run bucketed (the message says which op and why)."""
@@ -53,8 +56,11 @@ class Ctx:
 
         expr = sympy.sympify(expr)
         # constants of the program; then symbols of equal values as one (the program's key holds which are equal)
-        fixed = {s: (self.values[s] if self.static(s) else self.rep[s]) for s in expr.free_symbols
-                 if self.static(s) or self.rep[s] != s}
+        fixed = {
+            s: (self.values[s] if self.static(s) else self.rep[s])
+            for s in expr.free_symbols
+            if self.static(s) or self.rep[s] != s
+        }
         if fixed:
             expr = expr.subs(fixed)
         if not expr.free_symbols:
@@ -278,7 +284,7 @@ def _count_expr(factors):
     return sympy.expand(n)
 
 
-# -- indexing ------------------------------------------------------------------------------------------------------------
+# -- indexing ----------------------------------------------------------------------------------------------------------
 def prefix(x, d) -> bool:
     """Whether dim d of x keeps its valid values first: only its outermost factor is padded, so a valid (exact)
     coordinate is its padded position. A merged dim padded inside (`[B, T]` flattened with T padded) is not: exact

@@ -12,6 +12,7 @@ the op's lowering rule, and gives each result a new contiguous meta tensor and s
 op (`torch.tensor(value)`) are small constants. Ops without a rule are decomposed by the Core ATen table; anything
 else raises :class:`NotTraceable`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -79,8 +80,12 @@ class Tracer(TorchDispatchMode):
             return args[0] if dtype == args[0].dtype else self.tensor(E.convert(self.value(args[0]), dtype))
         if func.is_view:
             return func(*args, **kwargs)  # meta tensors only: the result shares its input's storage
-        if name == "_to_copy" and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "meta" \
-                and args[0].device.type == "cpu":
+        if (
+            name == "_to_copy"
+            and kwargs.get("device") is not None
+            and torch.device(kwargs["device"]).type == "meta"
+            and args[0].device.type == "cpu"
+        ):
             v = self.value(args[0])
             dtype = kwargs.get("dtype") or args[0].dtype
             return self.tensor(E.convert(v, dtype) if dtype != v.dtype else v)
@@ -134,8 +139,14 @@ class Tracer(TorchDispatchMode):
         def val(a):
             return self.value(a) if isinstance(a, torch.Tensor) else a
 
-        vargs = [([val(x) for x in a] if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a)
-                  else val(a)) for a in args]
+        vargs = [
+            (
+                [val(x) for x in a]
+                if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a)
+                else val(a)
+            )
+            for a in args
+        ]
         vkwargs = {k: val(a) for k, a in kwargs.items()}
         res = rule(self.tr.with_out(out), *vargs, **vkwargs)
         if isinstance(out, torch.Tensor):
@@ -147,8 +158,11 @@ class Tracer(TorchDispatchMode):
         return type(out)(wrapped) if isinstance(out, tuple) else wrapped
 
 
-_ALIASES = {"aten::__and__.Tensor": torch.ops.aten.bitwise_and.Tensor, "aten::__or__.Tensor": torch.ops.aten.bitwise_or.Tensor,
-            "aten::__xor__.Tensor": torch.ops.aten.bitwise_xor.Tensor}
+_ALIASES = {
+    "aten::__and__.Tensor": torch.ops.aten.bitwise_and.Tensor,
+    "aten::__or__.Tensor": torch.ops.aten.bitwise_or.Tensor,
+    "aten::__xor__.Tensor": torch.ops.aten.bitwise_xor.Tensor,
+}
 
 
 def _decomposition(func):
@@ -181,8 +195,9 @@ def meta_call(func, args, kwargs):
         from torch import _refs
 
         return _refs.constant_pad_nd(*args, **kwargs)
-    if func is torch.ops.aten.histc.default and isinstance(args[0], torch.Tensor) \
-            and not args[0].is_floating_point():  # torch's histc takes floats; ours counts integers in float32 too
+    if (
+        func is torch.ops.aten.histc.default and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point()
+    ):  # torch's histc takes floats; ours counts integers in float32 too
         return func(args[0].to(torch.float32), *args[1:], **kwargs).to(args[0].dtype)
     return func(*args, **kwargs)
 
@@ -218,8 +233,14 @@ def _arange(tracer, *args, **kwargs):
 
 
 def _full(tracer, size, fill_value, **kwargs):
-    dtype = _dtype(kwargs, torch.get_default_dtype() if isinstance(fill_value, float) else
-                   torch.bool if isinstance(fill_value, bool) else torch.int64)
+    dtype = _dtype(
+        kwargs,
+        torch.get_default_dtype()
+        if isinstance(fill_value, float)
+        else torch.bool
+        if isinstance(fill_value, bool)
+        else torch.int64,
+    )
     return tracer.tensor(E.const(tracer.fn, fill_value, dtype, tuple(size)))
 
 
@@ -235,6 +256,13 @@ def _scalar_tensor(tracer, value, **kwargs):
 
 
 _FACTORIES = {
-    "arange": _arange, "arange.start": _arange, "arange.start_step": _arange, "full": _full, "full.default": _full,
-    "zeros": _filled(0), "ones": _filled(1), "empty.memory_format": _filled(0), "scalar_tensor": _scalar_tensor,
+    "arange": _arange,
+    "arange.start": _arange,
+    "arange.start_step": _arange,
+    "full": _full,
+    "full.default": _full,
+    "zeros": _filled(0),
+    "ones": _filled(1),
+    "empty.memory_format": _filled(0),
+    "scalar_tensor": _scalar_tensor,
 }

@@ -1,14 +1,17 @@
 """A torch.compile graph's bucketed calls: ``Plan`` (found once from the graph's placeholders and outputs),
 ``execute`` (pads the inputs, runs the interpreter, returns compact outputs) and ``exact_outputs``.
 """
+
 from __future__ import annotations
 
 import math
+
 import torch
 
 from .interp import meta_val, run
-from .padded import Ctx, PT, Sz, Unsupported, check_bounded, compact_output, min_max, pad_input, plain, sym_expr
+from .padded import PT, Ctx, Sz, Unsupported, check_bounded, compact_output, min_max, pad_input, plain, sym_expr
 from .policy import bucket
+
 
 class Plan:
     """What a graph's bucketed calls need, found once from its placeholders' and outputs' symbolic sizes."""
@@ -48,8 +51,9 @@ class Plan:
         for a in torch.fx.node.map_aggregate(out.args[0], lambda x: x):
             v = meta_val(a) if isinstance(a, torch.fx.Node) else None
             self.out_shapes.append(tuple(sym_expr(s) for s in v.shape) if isinstance(v, torch.Tensor) else None)
-        for shape in [s[1] for s in self.in_shapes if s is not None and s[0] == "tensor"] + \
-                [s for s in self.out_shapes if s is not None]:
+        for shape in [s[1] for s in self.in_shapes if s is not None and s[0] == "tensor"] + [
+            s for s in self.out_shapes if s is not None
+        ]:
             for e in shape:
                 check_bounded(e)
         self.index = {s: i for i, s in enumerate(self.symbols)}

@@ -1,15 +1,32 @@
 """Padded rules of indexing: embedding, gather, scatter, index/index_put/index_select, select and slice (with their
 scatters), constant padding, cat and split: positions past a padded dim's valid end are remapped or masked.
 """
+
 from __future__ import annotations
 
 import torch
 
 from .interp import broadcast_dims, handles, harmonize, meta_val, padded_args
-from .padded import PT, Sz, Unsupported, agree, count_sz, fill_padding, fresh_dims, plain, prefix, prefixed, same_factors, sym_expr, valid_expr, valid_mask
+from .padded import (
+    PT,
+    Sz,
+    Unsupported,
+    agree,
+    count_sz,
+    fill_padding,
+    fresh_dims,
+    plain,
+    prefix,
+    prefixed,
+    same_factors,
+    sym_expr,
+    valid_expr,
+    valid_mask,
+)
 from .rules_views import unsqueeze
 
 aten = torch.ops.aten
+
 
 def _wrapped(ctx, x: PT, indices):
     """Advanced indices with negative values counted from the true end of a padded dim (as PyTorch wraps them by the
@@ -48,8 +65,12 @@ def _values_like_index(ctx, node, x: PT, values: PT, indices, pos):
 def _aligned(node, x, idx, dim):
     """gather/scatter: idx's positions along the other dims are x's positions (x's `dim` is prefixed already)."""
     for d in range(idx.t.dim()):
-        if d != dim and (x.tainted(d) or idx.tainted(d)) and not same_factors(idx.dims[d], x.dims[d]) and \
-                not (prefix(x, d) and prefix(idx, d)):
+        if (
+            d != dim
+            and (x.tainted(d) or idx.tainted(d))
+            and not same_factors(idx.dims[d], x.dims[d])
+            and not (prefix(x, d) and prefix(idx, d))
+        ):
             raise Unsupported(f"{node.target}: index and self padded differently along dim {d}")
 
 
@@ -72,8 +93,10 @@ def _gather(node, args, kwargs, ctx):
     _aligned(node, x, idx, dim)
     it = fill_padding(ctx, idx, 0)
     out = torch.gather(x.t, dim, it, **kwargs)
-    dims = [idx.dims[d] if idx.tainted(d) or d == dim else x.dims[d] if x.t.shape[d] == out.shape[d]
-            else idx.dims[d] for d in range(out.dim())]
+    dims = [
+        idx.dims[d] if idx.tainted(d) or d == dim else x.dims[d] if x.t.shape[d] == out.shape[d] else idx.dims[d]
+        for d in range(out.dim())
+    ]
     return PT(out, dims)
 
 
@@ -112,8 +135,13 @@ def _scatter(node, args, kwargs, ctx):
     return PT(node.target(xt, dim, it, *rest, **kwargs).narrow(dim, 0, n0), x.dims)
 
 
-@handles(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default,
-          aten._index_put_impl.default, aten._index_put_impl_.default)
+@handles(
+    aten.index_put.default,
+    aten.index_put_.default,
+    aten._unsafe_index_put.default,
+    aten._index_put_impl.default,
+    aten._index_put_impl_.default,
+)
 def _index_put(node, args, kwargs, ctx):
     x, indices, values = args[0], args[1], args[2]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
@@ -177,8 +205,8 @@ def _index(node, args, kwargs, ctx):
     bshape = torch.broadcast_shapes(*(i.t.shape for i in idx))
     probe = torch.empty(bshape, device="meta")
     bdims = broadcast_dims(node, idx, probe, ctx, fresh=False) if len(bshape) else []
-    rest_before = list(x.dims[:pos[0]])
-    rest_after = list(x.dims[pos[-1] + 1:])
+    rest_before = list(x.dims[: pos[0]])
+    rest_after = list(x.dims[pos[-1] + 1 :])
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     dims = rest_before + bdims + rest_after if adjacent else bdims + [f for d, f in enumerate(x.dims) if d not in pos]
     return PT(out, dims)
@@ -247,8 +275,12 @@ def _slice_scatter(node, args, kwargs, ctx):
     start = args[3] if len(args) > 3 else None
     step = args[5] if len(args) > 5 else 1
     if base.tainted(dim) or src.tainted(dim):
-        if step != 1 or (not isinstance(start, Sz) and (start or 0) < 0) or len(base.dims[dim]) != 1 or \
-                len(src.dims[dim]) != 1:
+        if (
+            step != 1
+            or (not isinstance(start, Sz) and (start or 0) < 0)
+            or len(base.dims[dim]) != 1
+            or len(src.dims[dim]) != 1
+        ):
             raise Unsupported("slice_scatter into a padded dim other than [k:end] or [k:k+n]")
         # the source's padding lands in the base's padding only if the source reaches the base's end
         lb, ls = valid_expr(base.dims[dim][0]), valid_expr(src.dims[dim][0])
@@ -307,7 +339,7 @@ def _constant_pad(node, args, kwargs, ctx):
 @handles(aten.cat.default)
 def _cat(node, args, kwargs, ctx):
     xs = [x for x in args[0]]
-    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0))
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     nd = max(x.t.dim() for x in xs)
     dim = dim % nd
     xs = [x for x in xs if not (x.t.dim() == 1 and x.t.numel() == 0)]
@@ -316,8 +348,12 @@ def _cat(node, args, kwargs, ctx):
     if any(x.tainted(dim) for x in xs):
         return _cat_padded(ctx, node, xs, dim)
     out = torch.cat([x.t for x in xs], dim)
-    dims = broadcast_dims(node, [PT(x.t, [f if d != dim else ((out.shape[dim], None),) for d, f in enumerate(x.dims)])
-                                  for x in xs], out, ctx)
+    dims = broadcast_dims(
+        node,
+        [PT(x.t, [f if d != dim else ((out.shape[dim], None),) for d, f in enumerate(x.dims)]) for x in xs],
+        out,
+        ctx,
+    )
     return PT(out, dims)
 
 

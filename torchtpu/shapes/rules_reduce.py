@@ -1,15 +1,18 @@
 """Padded rules of reductions and contractions: sums, means, norms, variances and scans (the padding read as the
 reduction's identity), sort/topk, histc, grouped and plain matmuls, softmax and layer norm with their backwards.
 """
+
 from __future__ import annotations
 
 import math
+
 import torch
 
 from .interp import Rt, arg_or, broadcast_dims, handles, meta_val, padded_args
 from .padded import PT, Sz, Unsupported, agree, fill_padding, fresh_dims, plain, prefixed, same_factors
 
 aten = torch.ops.aten
+
 
 # -- reductions -------------------------------------------------------------------------------------------------------
 def _reduce_dims(x, dims):
@@ -43,10 +46,27 @@ def count_of(ctx, x, rdims):
     return n
 
 
-@handles(aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default, aten.any.dim,
-          aten.any.dims, aten.any.default, aten.all.dim, aten.all.default, aten.prod.dim_int, aten.mean.dim,
-          aten.mean.default, aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim, aten.prod.default,
-          aten.max.default, aten.min.default)
+@handles(
+    aten.sum.dim_IntList,
+    aten.sum.default,
+    aten.amax.default,
+    aten.amin.default,
+    aten.any.dim,
+    aten.any.dims,
+    aten.any.default,
+    aten.all.dim,
+    aten.all.default,
+    aten.prod.dim_int,
+    aten.mean.dim,
+    aten.mean.default,
+    aten.argmax.default,
+    aten.argmin.default,
+    aten.max.dim,
+    aten.min.dim,
+    aten.prod.default,
+    aten.max.default,
+    aten.min.default,
+)
 def _reduction(node, args, kwargs, ctx):
     x = args[0]
     name = node.target.overloadpacket.__name__
@@ -111,8 +131,7 @@ def _var(node, args, kwargs, ctx):
     return PT(var, kept)
 
 
-@handles(aten.cumsum.default, aten.cumprod.default, aten.cummax.default, aten.cummin.default,
-          aten.logcumsumexp.default)
+@handles(aten.cumsum.default, aten.cumprod.default, aten.cummax.default, aten.cummin.default, aten.logcumsumexp.default)
 def _scan(node, args, kwargs, ctx):
     """A scan along a dim reads only earlier positions: the padding, after the valid values, is never read into
     them, unless the dim merges several padded ones."""
@@ -138,8 +157,11 @@ def _select_along(node, args, kwargs, ctx):
         dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
     dim = dim % max(x.t.dim(), 1)
     if x.tainted(dim) and node.target is not aten.topk.default:
-        desc = kwargs.get("descending", False) if node.target is aten.sort.stable else \
-            arg_or(args, kwargs, 2, "descending", False)
+        desc = (
+            kwargs.get("descending", False)
+            if node.target is aten.sort.stable
+            else arg_or(args, kwargs, 2, "descending", False)
+        )
         return _sort_padded(ctx, x, dim, desc)
     if x.tainted(dim):
         # the k first of a sort (Dynamo guards k <= the true size, as PyTorch raises past it)
@@ -230,7 +252,7 @@ def _triangle(node, args, kwargs, ctx):
     return PT(node.target(*padded_args(args), **padded_args(kwargs)), x.dims)
 
 
-# -- matmuls ------------------------------------------------------------------------------------------------------------
+# -- matmuls -----------------------------------------------------------------------------------------------------------
 def _contract(ctx, node, a, b, ka, kb):
     """a and b with the padding of their contracted dims (a's ka, b's kb) zeroed."""
     a, b = agree(ctx, node, a, ka, b, kb)
@@ -241,8 +263,10 @@ def _contract(ctx, node, a, b, ka, kb):
     if not (ta or tb):
         return a.t, b.t
     f = fa if ta else fb
-    return (fill_padding(ctx, PT(a.t, [f if d == ka else ((s, None),) for d, s in enumerate(a.t.shape)]), 0, [ka]),
-            fill_padding(ctx, PT(b.t, [f if d == kb else ((s, None),) for d, s in enumerate(b.t.shape)]), 0, [kb]))
+    return (
+        fill_padding(ctx, PT(a.t, [f if d == ka else ((s, None),) for d, s in enumerate(a.t.shape)]), 0, [ka]),
+        fill_padding(ctx, PT(b.t, [f if d == kb else ((s, None),) for d, s in enumerate(b.t.shape)]), 0, [kb]),
+    )
 
 
 @handles(aten.mm.default)
@@ -269,7 +293,7 @@ def _addmm(node, args, kwargs, ctx):
     return PT(out, broadcast_dims(node, [prod, bias], out, ctx))
 
 
-# -- softmax ------------------------------------------------------------------------------------------------------------
+# -- softmax -----------------------------------------------------------------------------------------------------------
 @handles(aten._softmax.default, aten._log_softmax.default)
 def _softmax(node, args, kwargs, ctx):
     x, dim = args[0], args[1] % max(args[0].t.dim(), 1)
@@ -289,7 +313,7 @@ def _softmax_backward(node, args, kwargs, ctx):
     return PT(res, broadcast_dims(node, [g, out], res, ctx))
 
 
-# -- norms ---------------------------------------------------------------------------------------------------------------
+# -- norms -------------------------------------------------------------------------------------------------------------
 @handles(aten.native_layer_norm.default)
 def _layer_norm(node, args, kwargs, ctx):
     x, shape = args[0], args[1]
@@ -309,7 +333,18 @@ def _layer_norm_backward(node, args, kwargs, ctx):
         raise Unsupported("native_layer_norm_backward over a padded dim")
     lead = list(range(k))
     # the weight and bias gradients sum over the leading dims: the padding contributes exactly 0
-    gi, gw, gb = node.target(fill_padding(ctx, go, 0, lead), fill_padding(ctx, x, 0, lead), list(shape), fill_padding(ctx, mean, 0, lead),
-                             fill_padding(ctx, rstd, 1, lead), padded_args(w), padded_args(b), mask)
-    return (PT(gi, x.dims) if gi is not None else None, plain(gw) if gw is not None else None,
-            plain(gb) if gb is not None else None)
+    gi, gw, gb = node.target(
+        fill_padding(ctx, go, 0, lead),
+        fill_padding(ctx, x, 0, lead),
+        list(shape),
+        fill_padding(ctx, mean, 0, lead),
+        fill_padding(ctx, rstd, 1, lead),
+        padded_args(w),
+        padded_args(b),
+        mask,
+    )
+    return (
+        PT(gi, x.dims) if gi is not None else None,
+        plain(gw) if gw is not None else None,
+        plain(gb) if gb is not None else None,
+    )

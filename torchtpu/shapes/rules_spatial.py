@@ -2,9 +2,11 @@
 read padding into valid outputs), batch norm (statistics over the valid samples) and scaled dot-product attention
 (padded keys masked).
 """
+
 from __future__ import annotations
 
 import math
+
 import torch
 
 from .interp import HANDLERS, Rt, arg_or, flat_args, handles, meta_val, padded_args, rt_of
@@ -12,6 +14,7 @@ from .padded import PT, Sz, Unsupported, dim_mask, fill_padding, fresh_dims, pla
 from .rules_reduce import count_of
 
 aten = torch.ops.aten
+
 
 # -- per-sample ops (a padded batch dim only) ----------------------------------------------------------------------
 def _batch_only(node, tensors):
@@ -27,8 +30,10 @@ def _per_sample(node, args, kwargs, ctx):
     _batch_only(node, [a for a in flat_args(args, kwargs) if isinstance(a, PT)])
     out = node.target(*padded_args(args), **padded_args(kwargs))
     outs = out if isinstance(out, (tuple, list)) else [out]
-    res = [PT(o, [x.dims[0]] + [((s, None),) for s in o.shape[1:]]) if o.dim() and o.shape[0] == x.t.shape[0]
-           else plain(o) for o in outs]
+    res = [
+        PT(o, [x.dims[0]] + [((s, None),) for s in o.shape[1:]]) if o.dim() and o.shape[0] == x.t.shape[0] else plain(o)
+        for o in outs
+    ]
     return tuple(res) if isinstance(out, (tuple, list)) else res[0]
 
 
@@ -66,8 +71,11 @@ def _group_norm(node, args, kwargs, ctx):
     x = args[0]
     _batch_only(node, [a for a in flat_args(args, kwargs) if isinstance(a, PT)])
     out, mean, rstd = node.target(*padded_args(args), **padded_args(kwargs))
-    return PT(out, x.dims), PT(mean, [x.dims[0], ((mean.shape[1], None),)]), \
-        PT(rstd, [x.dims[0], ((rstd.shape[1], None),)])
+    return (
+        PT(out, x.dims),
+        PT(mean, [x.dims[0], ((mean.shape[1], None),)]),
+        PT(rstd, [x.dims[0], ((rstd.shape[1], None),)]),
+    )
 
 
 def _grid_args(node, x, grid):
@@ -93,7 +101,9 @@ def _grid_sampler_backward(node, args, kwargs, ctx):
     channels and the input's over output positions."""
     go, x, grid = args[0], args[1], args[2]
     _grid_args(node, x, grid)
-    gi, gg = node.target(fill_padding(ctx, go, 0), fill_padding(ctx, x, 0), fill_padding(ctx, grid, 0), *args[3:], **kwargs)
+    gi, gg = node.target(
+        fill_padding(ctx, go, 0), fill_padding(ctx, x, 0), fill_padding(ctx, grid, 0), *args[3:], **kwargs
+    )
     return (PT(gi, x.dims) if gi is not None else None, PT(gg, grid.dims) if gg is not None else None)
 
 
@@ -127,13 +137,26 @@ def _replication_pad_backward(node, args, kwargs, ctx):
     return PT(g, x.dims)
 
 
-_PER_PLANE = ["_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d",
-              "_adaptive_avg_pool3d_backward", "upsample_nearest2d", "upsample_bilinear2d",
-              "_low_memory_max_pool2d_with_offsets", "max_unpool2d"] + \
-    [f"reflection_pad{n}d{b}" for n in (1, 2, 3) for b in ("", "_backward")] + [f"replication_pad{n}d" for n in (1, 2, 3)]
+_PER_PLANE = (
+    [
+        "_adaptive_avg_pool2d",
+        "_adaptive_avg_pool2d_backward",
+        "_adaptive_avg_pool3d",
+        "_adaptive_avg_pool3d_backward",
+        "upsample_nearest2d",
+        "upsample_bilinear2d",
+        "_low_memory_max_pool2d_with_offsets",
+        "max_unpool2d",
+    ]
+    + [f"reflection_pad{n}d{b}" for n in (1, 2, 3) for b in ("", "_backward")]
+    + [f"replication_pad{n}d" for n in (1, 2, 3)]
+)
 _PER_SAMPLE = ["_low_memory_max_pool2d_offsets_to_indices", "im2col", "col2im", "pixel_shuffle", "pixel_unshuffle"]
-for _names, _fn in ((_PER_PLANE, _per_plane), (_PER_SAMPLE, _per_sample),
-                    ([f"replication_pad{n}d_backward" for n in (1, 2, 3)], _replication_pad_backward)):
+for _names, _fn in (
+    (_PER_PLANE, _per_plane),
+    (_PER_SAMPLE, _per_sample),
+    ([f"replication_pad{n}d_backward" for n in (1, 2, 3)], _replication_pad_backward),
+):
     for _name in _names:
         _pk = getattr(aten, _name, None)
         if _pk is not None:
@@ -158,7 +181,7 @@ def _out_dims(ctx, x: PT, out, val, lead=2):
     for s_, f in zip(val.shape, dims):
         if isinstance(s_, torch.SymInt) and f[0][1] is not None and f[0][1].padded != f[0][0]:
             raise Unsupported(f"{val.shape} at the buckets is {tuple(out.shape)} on padded inputs")
-    return PT(out, list(x.dims[:lead - 1]) + dims[lead - 1:])
+    return PT(out, list(x.dims[: lead - 1]) + dims[lead - 1 :])
 
 
 @handles(aten.convolution.default)
@@ -183,12 +206,14 @@ def _convolution_backward(node, args, kwargs, ctx):
         raise Unsupported("convolution_backward with a padded weight")
     if _spatial(node, x) or _spatial(node, go):  # (also checks: no padded channels, no merged spatial dims)
         # (bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
-        _windows_agree(node, x, go, 2, w.t.shape[2:], args[4], args[5], args[6], transposed=args[7],
-                       out_pad=args[8])
+        _windows_agree(node, x, go, 2, w.t.shape[2:], args[4], args[5], args[6], transposed=args[7], out_pad=args[8])
     rest = padded_args(args[3:])
     gi, gw, gb = node.target(fill_padding(ctx, go, 0), fill_padding(ctx, x, 0), w.t, *rest)
-    return (PT(gi, x.dims) if gi is not None else None, plain(gw) if gw is not None else None,
-            plain(gb) if gb is not None else None)
+    return (
+        PT(gi, x.dims) if gi is not None else None,
+        plain(gw) if gw is not None else None,
+        plain(gb) if gb is not None else None,
+    )
 
 
 def _pool_lead(node, x: PT):
@@ -263,8 +288,10 @@ def _max_pool_backward(node, args, kwargs, ctx):
     lead, sp = _pooled_dims(node, x)
     if not sp:
         return _per_plane(node, args, kwargs, ctx, lead)
-    k, st, pad, dil = (list(arg_or(args, kwargs, i, n, dflt)) for i, n, dflt in
-                       ((2, "kernel_size", None), (3, "stride", []), (4, "padding", [0]), (5, "dilation", [1])))
+    k, st, pad, dil = (
+        list(arg_or(args, kwargs, i, n, dflt))
+        for i, n, dflt in ((2, "kernel_size", None), (3, "stride", []), (4, "padding", [0]), (5, "dilation", [1]))
+    )
     st = st or k
     ceil = arg_or(args, kwargs, 6, "ceil_mode", False)
     _windows_agree(node, x, go, lead, k, st, pad, dil, ceil)
@@ -279,8 +306,13 @@ def _avg_pool(node, args, kwargs, ctx):
     """Average pooling over a padded spatial dim: the padding reads as 0 (as the op's own padding), and without
     ceil_mode a valid output's window ends inside the true end plus the op's padding, so its divisor is exact."""
     x = args[0]
-    lead, sp = _pooled_dims(node, x, arg_or(args, kwargs, 4, "ceil_mode", False), list(arg_or(args, kwargs, 3, "padding",
-                            [0])), arg_or(args, kwargs, 5, "count_include_pad", True))
+    lead, sp = _pooled_dims(
+        node,
+        x,
+        arg_or(args, kwargs, 4, "ceil_mode", False),
+        list(arg_or(args, kwargs, 3, "padding", [0])),
+        arg_or(args, kwargs, 5, "count_include_pad", True),
+    )
     if not sp:
         return _per_plane(node, args, kwargs, ctx, lead)
     out = node.target(fill_padding(ctx, x, 0, sp), *padded_args(args[1:]), **padded_args(kwargs))
@@ -291,8 +323,9 @@ def _avg_pool(node, args, kwargs, ctx):
 def _avg_pool_backward(node, args, kwargs, ctx):
     go, x = args[0], args[1]
     pad = list(arg_or(args, kwargs, 4, "padding", [0]))
-    lead, sp = _pooled_dims(node, x, arg_or(args, kwargs, 5, "ceil_mode", False), pad,
-                            arg_or(args, kwargs, 6, "count_include_pad", True))
+    lead, sp = _pooled_dims(
+        node, x, arg_or(args, kwargs, 5, "ceil_mode", False), pad, arg_or(args, kwargs, 6, "count_include_pad", True)
+    )
     if not sp:
         return _per_plane(node, args, kwargs, ctx, lead)
     k = list(args[2])
@@ -370,8 +403,9 @@ def _sdpa_cpu(node, args, kwargs, ctx):
     causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
     kw, factor = _attention_args(ctx, node, q, k, causal, kwargs)
     qt = fill_padding(ctx, q, 0)
-    out, lse = node.target(qt if factor is None else qt * factor, fill_padding(ctx, k, 0), fill_padding(ctx, v, 0), dropout,
-                           causal, **kw)
+    out, lse = node.target(
+        qt if factor is None else qt * factor, fill_padding(ctx, k, 0), fill_padding(ctx, v, 0), dropout, causal, **kw
+    )
     return PT(out, list(q.dims[:-1]) + [v.dims[-1]]), PT(lse, list(q.dims[:-1]))
 
 
@@ -402,8 +436,17 @@ def _sdpa_cpu_backward(node, args, kwargs, ctx):
     kw, factor = _attention_args(ctx, node, q, k, causal, kwargs)
     qt = fill_padding(ctx, q, 0)
     # the padding's queries get zero gradients (their attention weights then add nothing to the keys' and values')
-    gq, gk, gv = node.target(fill_padding(ctx, go, 0), qt if factor is None else qt * factor, fill_padding(ctx, k, 0),
-                             fill_padding(ctx, v, 0), fill_padding(ctx, out, 0), fill_padding(ctx, lse, 0), dropout, causal, **kw)
+    gq, gk, gv = node.target(
+        fill_padding(ctx, go, 0),
+        qt if factor is None else qt * factor,
+        fill_padding(ctx, k, 0),
+        fill_padding(ctx, v, 0),
+        fill_padding(ctx, out, 0),
+        fill_padding(ctx, lse, 0),
+        dropout,
+        causal,
+        **kw,
+    )
     if factor is not None:
         gq = gq * factor
     return PT(gq, q.dims), PT(gk, k.dims), PT(gv, v.dims)

@@ -1,6 +1,7 @@
 """Padded rules of views and layout ops: view/reshape (dims regrouped with their factors), permute, transpose,
 squeeze/unsqueeze, diagonal, unfold, the FFTs, complex views, repeat and expand.
 """
+
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,8 @@ from .padded import PT, Sz, Unsupported, fresh_dims, prefixed, repack, same_fact
 
 aten = torch.ops.aten
 
-# -- views ---------------------------------------------------------------------------------------------------------------
+
+# -- views -------------------------------------------------------------------------------------------------------------
 def _regroup(node, factors, out_shape):
     """Factors of a reshape's result dims: the input's factors, flattened, grouped to the result's sizes (a factor
     without padding may be split; a padded one may not)."""
