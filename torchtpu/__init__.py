@@ -41,6 +41,7 @@ from . import kernels as _kernels  # noqa: E402
 from . import fallback as _fallback  # noqa: E402
 from . import shapes as _shapes  # noqa: E402  (registers the eager bucketing lowerers and its Python kernels)
 from .shapes import set_shape_buckets  # noqa: E402
+from . import collectives as _collectives  # noqa: E402
 # isort: on
 
 _shapes.eager_buckets.sync()  # the C++ path's bucketing, as the policy says
@@ -50,6 +51,7 @@ if torch.distributed.is_available():
 
     _distributed.register()
 _kernels.register_all()
+_collectives.register()  # the collectives as ops (torchtpu_c10d::*), after the aten kernels
 _fallback.register()  # after the kernels: every op without one
 # TPUs compute in bfloat16 natively: make it torch.autocast("tpu")'s default (CUDA's is float16).
 torch.set_autocast_dtype("tpu", torch.bfloat16)

@@ -196,7 +196,7 @@ def write_entry(path: str, magic: bytes, context: str, payload: bytes, **extra) 
     return True
 
 
-def _load(runtime, d: str, k: str, device_index: int):
+def _load(runtime, d: str, k: str, device_index: int, text: str):
     """(executable, compile seconds it saves) from the disk tier, or None."""
     path = _entry_path(d, k)
     got = read_entry(path, MAGIC, context_key(runtime))
@@ -204,7 +204,7 @@ def _load(runtime, d: str, k: str, device_index: int):
         return None
     header, payload = got
     try:
-        exe = runtime.deserialize(payload, device_index)
+        exe = runtime.deserialize(payload, device_index, text)
     except Exception as e:  # noqa: BLE001 (any failure: recompile)
         bad_entry(path, f"does not deserialize ({type(e).__name__}: {e})")
         return None
@@ -272,7 +272,7 @@ def get_or_compile(runtime, text: str, device_index: int = 0):
         return exe
     d = disk_dir()
     k = key(runtime, text, device_index) if d else None
-    loaded = _load(runtime, d, k, device_index) if d else None
+    loaded = _load(runtime, d, k, device_index, text) if d else None
     if loaded is not None:
         exe, saved = loaded
         metrics.inc("cache_hits.disk")

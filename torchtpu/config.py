@@ -20,6 +20,12 @@ def _flag(text: str) -> bool:
     return text.strip().lower() not in ("", "0", "false", "off", "no")
 
 
+def _period(text: str) -> int:
+    """A period: 0 (off, as a false flag), 1 (a true flag) or a count."""
+    t = text.strip().lower()
+    return int(t) if t.isdigit() else int(_flag(t))
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str  # the key of get/set
@@ -123,9 +129,10 @@ _knob(
 _knob(
     "distributed_checks",
     "TORCHTPU_DISTRIBUTED_CHECKS",
-    _flag,
-    "1",
-    "Check that every rank issues the same collective (a fingerprint over gloo).",
+    _period,
+    "16",
+    "Check that every rank issues the same collectives (a fingerprint over gloo): 0 never, 1 at every collective, "
+    "N the first N of each group and then every N-th, each check also comparing all calls since the last.",
 )
 
 _set: dict[str, Any] = {}

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import _C, config, dtypes, executor, metrics, runtime, views
+from . import _C, collectives, config, dtypes, executor, metrics, runtime, views
 
 _joined: dict = {}  # "world", "rank": the distributed runtime this process joined
 _lock = threading.Lock()
@@ -73,11 +73,18 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
             initialization_timeout=seconds,
             # a third of the group's timeout: a failed collective can name the lost rank
             # (the runtime's view, _lost) well within the timeout
-            heartbeat_timeout_seconds=min(100, max(5, seconds // 3)),
+            heartbeat_timeout_seconds=_heartbeat(seconds),
             shutdown_timeout_seconds=max(10, seconds),
         )
         _joined.update(rank=rank, world=world, store=leave, timeout=timeout)
+        rt.on_group_failure = _lost  # a collective failing inside a program names the lost ranks too
         atexit.register(_leave)
+
+
+def _heartbeat(seconds: int) -> int:
+    """The distributed runtime's heartbeat timeout: a third of the group's timeout, at most 20 s, so that a lost rank
+    is named well within a minute even under torch's default timeout (30 minutes)."""
+    return min(20, max(5, seconds // 3))
 
 
 def _master_host() -> str:
@@ -123,6 +130,30 @@ def _leave() -> None:
             jax.distributed.shutdown()
     except Exception:  # noqa: BLE001 (a peer already gone: leave anyway)
         pass
+
+
+def _lost(ranks, timeout: datetime.timedelta | None = None) -> str:
+    """', global rank(s) ... lost' when the distributed runtime no longer sees some of these processes (it waits
+    for the runtime's heartbeats to tell, at most the heartbeat timeout and 10 s)."""
+    try:
+        import time
+
+        from jax._src import distributed as jd
+
+        client = jd.global_state.client
+        if client is None or not _joined:
+            return ""
+        seconds = (timeout or _joined["timeout"]).total_seconds()
+        deadline = time.time() + min(seconds / 2, _heartbeat(int(seconds)) + 10)
+        while True:
+            live = client.get_live_nodes(list(ranks))
+            gone = [r for r in ranks if r not in live]
+            if gone or time.time() > deadline:
+                break
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001 (best effort: the collective's own error follows)
+        return ""
+    return f": global rank(s) {gone} lost (their process is gone)" if gone else ""
 
 
 # -- values in and out ----------------------------------------------------------------------------------------------
@@ -209,6 +240,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
         self._mesh = Mesh(np.array(self._devices), ("r",))
         self._fns: dict = {}
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self._world = _joined["world"]
+        if self._global_ranks == list(range(self._world)):  # the world's devices, by global rank (runtime.py)
+            runtime.get().world = list(self._devices)
+        self._seq, self._calls, self._checked = 0, 0, 0  # the collective checks (_agree)
 
     def getBackendName(self):
         return "tpu"
@@ -263,7 +298,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
     def _run(self, name, key, body, arr, in_spec="r", out_spec="", mesh=None):
         metrics.inc(f"collective.{name}")
         if mesh is None and CHECKS:
-            self._agree(name, key, arr)
+            self._agree(name, key[0] if key and key[0] in _REDUCE else "", tuple(arr.shape), str(arr.dtype))
         try:
             out = self._fn((name,) + key, body, in_spec, out_spec, mesh)(self._global(arr, mesh))
             return out.addressable_data(0)
@@ -273,12 +308,18 @@ class ProcessGroupTpu(dist.ProcessGroup):
                 f"{self._rank}) with {tuple(arr.shape)} {arr.dtype} failed{self._lost()}: {e}"
             ) from e
 
-    def _agree(self, name, key, arr) -> None:
-        """Before a collective program, the ranks compare what they are about to run (the collective, its reduce op,
-        dtype and shape, and its number in the group's sequence) over the gloo group, on the host: ranks that would
-        run different programs get an error naming each rank's call, instead of XLA aborting or hanging."""
-        self._seq = getattr(self, "_seq", 0) + 1
-        mine = _fingerprint(self._seq, name, key, arr)
+    def _agree(self, name, op, shape, dtype) -> None:
+        """Before a collective the ranks compare what they are about to run (the collective, its reduce op, dtype
+        and shape, and its number in the group's sequence) over the gloo group, on the host: ranks that would run
+        different programs get an error naming each rank's call, instead of XLA aborting or hanging. A host round
+        trip that waits for the slowest rank, so sampled (TORCHTPU_DISTRIBUTED_CHECKS=N): the first N collectives
+        of the group and then every N-th; the calls in between are folded into a hash each check compares too."""
+        self._seq += 1
+        fp = _fingerprint(self._seq, name, op, shape, dtype)
+        if CHECKS != 1 and self._seq > CHECKS and self._seq % CHECKS:
+            self._calls = hash((self._calls, fp))
+            return
+        mine = torch.tensor(list(fp) + [self._calls], dtype=torch.int64)
         got = [torch.empty_like(mine) for _ in range(self._size)]
         try:
             self._gloo.allgather([got], [mine]).wait()
@@ -288,34 +329,41 @@ class ProcessGroupTpu(dist.ProcessGroup):
                 f"{self._rank}): not every rank arrived within the group's timeout "
                 f"({self._timeout}){self._lost()}: {e}"
             ) from e
-        if any(not torch.equal(g, mine) for g in got):
-            calls = "; ".join(f"rank {r}: {_describe(g)}" for r, g in enumerate(got))
+        since, self._calls, self._checked = self._checked, 0, self._seq
+        if any(not torch.equal(g[:-1], mine[:-1]) for g in got):
+            calls = "; ".join(f"rank {r}: {_describe(g[:-1])}" for r, g in enumerate(got))
             raise RuntimeError(
                 f"torchtpu: the ranks of group {self._global_ranks} called different collectives: "
                 f"{calls}. Every rank must call the same collectives, in the same order, with the same "
                 "shapes and dtypes"
             )
+        if any(int(g[-1]) != int(mine[-1]) for g in got):
+            raise RuntimeError(
+                f"torchtpu: the ranks of group {self._global_ranks} called different collectives between #{since} "
+                f"and #{self._seq} (checked every {CHECKS}; TORCHTPU_DISTRIBUTED_CHECKS=1 checks each and names "
+                "the first). Every rank must call the same collectives, in the same order, with the same shapes "
+                "and dtypes"
+            )
+
+    # -- the collectives XLA has, as ops (collectives.py): recorded into fused chunks ----------------------------
+    def _as_op(self, name, op, t) -> bool:
+        """Whether t's collective runs as a torchtpu_c10d op; if so, checks the call and cuts a pending chunk that
+        holds another group's collectives (a program runs the collectives of one group)."""
+        if t.numel() == 0 or not collectives.supports(op or "SUM", t.dtype):
+            return False
+        self._check_device([t])
+        if CHECKS:
+            self._agree(name, op or "", tuple(t.shape) or (1,), str(_np(t.dtype)))
+        global _recording
+        if _recording is not self:
+            if _recording is not None and executor.get_mode() == "fused":
+                executor.cut(cause=executor.Cut.collective)
+            _recording = self
+        metrics.inc(f"collective.{name}")
+        return True
 
     def _lost(self) -> str:
-        """', rank(s) ... lost' when the distributed runtime no longer sees some of the group's processes."""
-        try:
-            from jax._src import distributed as jd
-
-            client = jd.global_state.client
-            if client is None:
-                return ""
-            import time
-
-            deadline = time.time() + self._timeout.total_seconds() / 2
-            while True:
-                live = client.get_live_nodes(list(self._global_ranks))
-                gone = [r for r in self._global_ranks if r not in live]
-                if gone or time.time() > deadline:
-                    break
-                time.sleep(0.2)
-        except Exception:  # noqa: BLE001 (best effort: the collective's own error follows)
-            return ""
-        return f": global rank(s) {gone} lost (their process is gone)" if gone else ""
+        return _lost(self._global_ranks, self._timeout)
 
     def _check_device(self, ts):
         for t in ts:
@@ -366,6 +414,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
         self._check_device(tensors)
         op = _op_name(opts.reduceOp)
         for t in tensors:
+            if self._as_op("all_reduce", op, t):
+                t.copy_(collectives.all_reduce(t, op, self._global_ranks, self._world))
+                continue
             arr = _value(t)
             red = self._reducer(op, self._size, t.dtype)
             _assign(t, self._run("all_reduce", (op, t.dtype), red, arr))
@@ -429,6 +480,12 @@ class ProcessGroupTpu(dist.ProcessGroup):
         return _done(output_tensors)
 
     def _gather_into(self, outs, t):
+        if outs and self._as_op("all_gather", None, t):
+            whole = collectives.all_gather(t.reshape(-1), self._global_ranks, self._world)
+            k = t.numel()
+            for i, o in enumerate(outs):
+                o.copy_(whole[i * k : (i + 1) * k].view(o.shape))
+            return
         whole = self._all_gather(_value(t))  # every rank's t, stacked along dim 0
         rows = (tuple(t.shape) or (1,))[0]
         for i, o in enumerate(outs):
@@ -438,6 +495,15 @@ class ProcessGroupTpu(dist.ProcessGroup):
         """all_gather_into_tensor: output is the inputs concatenated along dim 0."""
         if not _is_tpu([output_tensor, input_tensor]):
             return self._gloo._allgather_base(output_tensor, input_tensor, opts or dist.AllgatherOptions())
+        if output_tensor.numel() != self._size * input_tensor.numel():
+            raise RuntimeError(
+                f"torchtpu: all_gather_into_tensor: the output {list(output_tensor.shape)} must hold the group's "
+                f"{self._size} inputs of {list(input_tensor.shape)} {input_tensor.dtype}"
+            )
+        if self._as_op("all_gather", None, input_tensor):
+            whole = collectives.all_gather(input_tensor.reshape(-1), self._global_ranks, self._world)
+            output_tensor.copy_(whole.view(output_tensor.shape))
+            return _done([output_tensor])
         _assign(output_tensor, self._all_gather(_value(input_tensor)).reshape(tuple(output_tensor.shape)))
         return _done([output_tensor])
 
@@ -486,6 +552,15 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if not _is_tpu([output_tensor, input_tensor]):
             return self._gloo._reduce_scatter_base(output_tensor, input_tensor, opts)
         op = _op_name(opts.reduceOp)
+        if input_tensor.numel() != self._size * output_tensor.numel():
+            raise RuntimeError(
+                f"torchtpu: reduce_scatter_tensor: the input {list(input_tensor.shape)} {input_tensor.dtype} must "
+                f"hold the group's {self._size} outputs of {list(output_tensor.shape)}"
+            )
+        if self._as_op("reduce_scatter", op, input_tensor):
+            part = collectives.reduce_scatter(input_tensor.reshape(-1), op, self._global_ranks, self._world)
+            output_tensor.copy_(part.view(output_tensor.shape))
+            return _done([output_tensor])
         arr = _value(input_tensor).reshape((self._size * max(1, output_tensor.numel()),))
         out = self._reduce_scatter(arr, op, input_tensor.dtype)
         _assign(output_tensor, out.reshape(tuple(output_tensor.shape)))
@@ -625,6 +700,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
 
 CHECKS = config.get("distributed_checks")
+_recording = None  # the group whose collectives the pending chunk may hold (fused mode)
 _NAMES = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "scatter", "send_recv"]
 _REDUCE = ["", "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 _DTYPES = [
@@ -647,13 +723,10 @@ _DTYPES = [
 _FP = 12
 
 
-def _fingerprint(seq, name, key, arr) -> torch.Tensor:
-    op = key[0] if key and key[0] in _REDUCE else ""
-    dt = str(arr.dtype)
-    shape = list(arr.shape)
-    v = [seq, _NAMES.index(name), _REDUCE.index(op), _DTYPES.index(dt) if dt in _DTYPES else -1, len(shape)]
-    v += (shape + [0] * (_FP - 5))[: _FP - 5]
-    return torch.tensor(v, dtype=torch.int64)
+def _fingerprint(seq, name, op, shape, dtype) -> tuple:
+    shape = list(shape)
+    v = [seq, _NAMES.index(name), _REDUCE.index(op), _DTYPES.index(dtype) if dtype in _DTYPES else -1, len(shape)]
+    return tuple(v + (shape + [0] * (_FP - 5))[: _FP - 5])
 
 
 def _describe(fp: torch.Tensor) -> str:

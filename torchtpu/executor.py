@@ -201,7 +201,11 @@ def compile_chunk(text, device_index, leaves, n_f, n_i, results):
         ins.append(((n_f,), torch.float64))
     if n_i:
         ins.append(((n_i,), torch.int64))
-    launcher = rt.launcher(exe, device_index, ins, [(tuple(s), d) for s, d in results])
+    group = rt.group_of(text)
+    if group is not None:  # collectives inside (collectives.py): compiled for the group's devices
+        launcher = rt.group_launcher(exe, device_index, group)
+    else:
+        launcher = rt.launcher(exe, device_index, ins, [(tuple(s), d) for s, d in results])
     if _mode == "debug" and _check_nans:
         return _checking_nans(launcher, results)
     return launcher

@@ -11,6 +11,7 @@ memory. jaxlib releases the GIL while compiling and executing.
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -20,6 +21,7 @@ from . import config
 from . import dtypes as D
 
 _PLATFORMS = ("cpu", "tpu", "cuda")
+_GROUP = re.compile(r'torchtpu_group = "([0-9,]+)/([0-9]+)"')
 
 
 class JaxlibRuntime:
@@ -32,6 +34,8 @@ class JaxlibRuntime:
         self._backend = None
         self._devices = None
         self._jax = None
+        self.world: list = []  # the jax device of each global rank, once distributed.py joined a world
+        self.on_group_failure = None  # ranks -> text naming the lost ones (distributed.py)
 
     # -- start-up ---------------------------------------------------------------------------
     def _start(self):
@@ -82,23 +86,56 @@ class JaxlibRuntime:
 
     # -- compile / execute -----------------------------------------------------------------
     def compile(self, text: str, device_index: int = 0):
-        devs, opts = self._compile_options(device_index)
+        devs, opts = self._compile_options(device_index, text)
         return self.backend.compile_and_load(text, devs, opts)
 
-    def _compile_options(self, device_index: int):
+    def _compile_options(self, device_index: int, text: str | None = None):
         from jax.extend.backend import get_compile_options
 
+        group = self.group_of(text)
+        if group is not None:  # a program with collectives (collectives.py): one replica per rank of the group
+            devs = self.group_devices(group)
+            return devs, get_compile_options(
+                num_replicas=len(devs),
+                num_partitions=1,
+                device_assignment=[[d] for d in devs],
+                backend=self.backend,
+            )
         devs = [self.device(device_index)]
         return devs, get_compile_options(
             num_replicas=1, num_partitions=1, device_assignment=[devs], backend=self.backend
         )
 
+    @staticmethod
+    def group_of(text: str | None):
+        """(global ranks, world size) of the collectives in a program's text, or None without any."""
+        if not text or "torchtpu_group" not in text:
+            return None
+        groups = set(_GROUP.findall(text))
+        if len(groups) != 1:
+            raise RuntimeError(
+                f"torchtpu: one program holds collectives of several process groups ({sorted(groups)}); "
+                "each program runs the collectives of one group"
+            )
+        ranks, world = groups.pop()
+        return tuple(int(r) for r in ranks.split(",")), int(world)
+
+    def group_devices(self, group):
+        ranks, world = group
+        if len(self.world) != world:
+            raise RuntimeError(
+                f"torchtpu: a program with collectives over ranks {list(ranks)} of a world of {world}, but this "
+                f"process {f'joined a world of {len(self.world)}' if self.world else 'joined no distributed world'}"
+                " (torch.distributed.init_process_group('tpu'))"
+            )
+        return [self.world[r] for r in ranks]
+
     def serialize(self, exe) -> bytes:
         """The executable as bytes (machine code for XLA:CPU): the disk tier of cache.py."""
         return self.backend.serialize_executable(exe)
 
-    def deserialize(self, payload: bytes, device_index: int = 0):
-        devs, opts = self._compile_options(device_index)
+    def deserialize(self, payload: bytes, device_index: int = 0, text: str | None = None):
+        devs, opts = self._compile_options(device_index, text)
         return self.backend.deserialize_executable(payload, devs, opts)
 
     def execute(self, exe, args):
@@ -155,6 +192,25 @@ class JaxlibRuntime:
             pxla.cc_shard_arg,
             _jax.PjitFunctionCache(capacity=2),
         )
+
+    def group_launcher(self, exe, device_index: int, group):
+        """The launcher of a program compiled for a group (one replica per rank): it runs this process's replica
+        with execute_sharded (jax's fast path knows single-device programs only); Python per chunk, not per op.
+        A collective that fails (a lost peer) names the group and, once the runtime sees them gone, the lost
+        ranks."""
+        jax = self._jax
+        dev = self.device(device_index)
+
+        def launch(*args):
+            arrays = [a if isinstance(a, jax.Array) else jax.device_put(a, dev) for a in args]
+            try:
+                res = exe.execute_sharded(arrays)
+            except Exception as e:  # noqa: BLE001
+                lost = self.on_group_failure(group[0]) if self.on_group_failure else ""
+                raise RuntimeError(f"collectives over global ranks {list(group[0])} failed{lost}: {e}") from e
+            return [r[0] for r in res.disassemble_into_single_device_arrays()]
+
+        return launch
 
     def wait_device(self, device_index: int):
         """Waits for every live array of the device."""

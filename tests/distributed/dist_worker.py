@@ -189,7 +189,9 @@ def collectives():
     check("fused_mode.all_reduce", fused)
     dist.barrier()
     res["counters"] = {
-        k: v for k, v in torchtpu.metrics.counters().items() if k.startswith(("collective", "cuts.coll"))
+        k: v
+        for k, v in torchtpu.metrics.counters().items()
+        if k.startswith(("collective", "cuts.coll", "op.torchtpu_c10d"))
     }
     dist.destroy_process_group()
     # a new default group in the same process, after destroy_process_group. On a port of its own: this job still
@@ -396,6 +398,144 @@ def pipeline():
     dist.destroy_process_group()
 
 
+def compiled():
+    """Collectives inside a torch.compile graph (c10d's and the functional ones, traced by Dynamo) against the same
+    function run eagerly; the second compiled call runs them inside its program (the process group sees none)."""
+    import torch.distributed._functional_collectives as fc
+
+    _init()
+
+    def f(x, w):
+        y = x @ w
+        dist.all_reduce(y)
+        z = fc.all_gather_tensor(y, 0, dist.group.WORLD)
+        r = fc.reduce_scatter_tensor(z * 2, "sum", 0, dist.group.WORLD)
+        a = fc.all_reduce(r, "avg", dist.group.WORLD)
+        return y.relu() + 1, z, r, a
+
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(RANK)).to("tpu")
+    w = torch.randn(4, 4, generator=torch.Generator().manual_seed(7)).to("tpu")
+    eager = [t.cpu() for t in f(x, w)]
+    g = torch.compile(f, backend="tpu")
+    first = [t.cpu() for t in g(x, w)]
+    before = torchtpu.metrics.counters()
+    second = [t.cpu() for t in g(x, w)]
+    after = torchtpu.metrics.counters()
+    diff = {k: after[k] - before.get(k, 0) for k in after if k.startswith(("collective.", "compile.program_runs"))}
+    out = {
+        "first": [torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(eager, first)],
+        "second": [torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(eager, second)],
+        "counters": {k: v for k, v in diff.items() if v},
+    }
+    print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+# -- beyond 2 ranks -----------------------------------------------------------------------------------------------
+def data_parallel_many():
+    """DDP, then FSDP2, over every rank (4 or 8): each rank trains on its share of every batch."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    _init(seconds=120)
+    out = {}
+    model = _gpt().to("tpu")
+    out["ddp"] = _train_on_shares(DDP(model, bucket_cap_mb=1))
+    out["ddp_sums"] = {k: v.detach().float().sum().item() for k, v in _full_state(model).items()}
+    mesh = init_device_mesh("tpu", (WORLD,))
+    model = _gpt().to("tpu")
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    out["fsdp2"] = _train_on_shares(model)
+    out["fsdp2_sums"] = {k: v.detach().float().sum().item() for k, v in _full_state(model).items()}
+    print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def fsdp_tp_2d():
+    """A 2-D mesh (dp x tp = 2 x WORLD/2): each block's MLP split over tp (DTensor), the blocks sharded over dp
+    (FSDP2); the dp ranks train on their share of every batch, the tp ranks of one dp rank on the same share."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    _init(seconds=120)
+    mesh = init_device_mesh("tpu", (2, WORLD // 2), mesh_dim_names=("dp", "tp"))
+    model = _gpt().to("tpu")
+    for blk in model.blocks:
+        parallelize_module(blk, mesh["tp"], {"fc": ColwiseParallel(), "out": RowwiseParallel()})
+        fully_shard(blk, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    dp = mesh["dp"].get_local_rank()
+    losses = []
+    for x, y in batches():
+        x, y = x[dp * 4 : (dp + 1) * 4], y[dp * 4 : (dp + 1) * 4]
+        loss = model(x.to("tpu"), y.to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    _report(losses, model, dp=dp)
+    dist.destroy_process_group()
+
+
+class _Embed(torch.nn.Module):
+    def __init__(self, gpt):
+        super().__init__()
+        self.tok, self.pos = gpt.tok, gpt.pos
+
+    def forward(self, idx):
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, gpt):
+        super().__init__()
+        self.ln, self.head = gpt.ln, gpt.head
+
+    def forward(self, x):
+        return self.head(self.ln(x))
+
+
+def pipeline4():
+    """Four stages, one per rank: the embedding, block 0, block 1, the head (GPipe, 4 microbatches)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    _init(seconds=120)
+    gpt = _gpt()
+    module = [_Embed(gpt), gpt.blocks[0], gpt.blocks[1], _Head(gpt)][RANK].to("tpu")
+    stage = PipelineStage(module, RANK, WORLD, torch.device("tpu", 0))
+
+    def loss_fn(logits, y):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss_fn)
+    opt = _opt(module.parameters())
+    losses = []
+    for x, y in batches():
+        opt.zero_grad()
+        if RANK == 0:
+            schedule.step(x.to("tpu"))
+        elif RANK == WORLD - 1:
+            mb = []
+            schedule.step(target=y.to("tpu"), losses=mb)
+            losses.append(sum(m.item() for m in mb) / len(mb))
+        else:
+            schedule.step()
+        opt.step()
+    prefix = ["tok.", "pos."], ["blocks.0."], ["blocks.1."], ["ln.", "head."]
+    state = {
+        k: v.detach().float().sum().item()
+        for k, v in _full_state(gpt).items()
+        if any(k.startswith(p) for p in prefix[RANK])
+    }
+    print(json.dumps({"losses": losses, "param_sums": state}), flush=True)
+    dist.destroy_process_group()
+
+
 def checkpoint_save(path):
     """An FSDP2-sharded model (2 ranks) written with torch.distributed.checkpoint."""
     import torch.distributed.checkpoint as dcp
@@ -418,10 +558,14 @@ def checkpoint_save(path):
 
 
 def lost_rank(seconds):
-    """Rank 1 dies after two all-reduces; rank 0's next collective must fail within the group's timeout."""
+    """Rank 1 dies after two all-reduces; rank 0's next collective must fail within the group's timeout (seconds
+    "default": torch's default timeout, 30 minutes). The collective sits between two ops (inside a fused chunk)."""
     import time
 
-    _init(seconds=int(seconds))
+    if seconds == "default":
+        dist.init_process_group("cpu:gloo,tpu:tpu", rank=RANK, world_size=WORLD)
+    else:
+        _init(seconds=int(seconds))
     t = torch.ones(4, device="tpu")
     for i in range(2):
         dist.all_reduce(t)
@@ -431,7 +575,9 @@ def lost_rank(seconds):
     t0 = time.time()
     try:
         for _ in range(3):
+            t = t * 2
             dist.all_reduce(t)
+            t = t + 1
             t.cpu()
         print(json.dumps({"raised": None, "seconds": time.time() - t0}), flush=True)
     except Exception as e:  # noqa: BLE001 (what the survivor sees is the result)

@@ -20,7 +20,14 @@ LAYERS = [
     ["torchtpu.lowering", "torchtpu.lowering.*"],
     ["torchtpu.kernels", "torchtpu.fallback"],
     ["torchtpu.shapes", "torchtpu.shapes.*"],
-    ["torchtpu.compile", "torchtpu.distributed", "torchtpu.device", "torchtpu.jax_ops", "torchtpu.advisor"],
+    [
+        "torchtpu.compile",
+        "torchtpu.collectives",
+        "torchtpu.distributed",
+        "torchtpu.device",
+        "torchtpu.jax_ops",
+        "torchtpu.advisor",
+    ],
     ["torchtpu", "torchtpu.__main__", "torchtpu.cuda_as_tpu"],
 ]
 MAX_PY_LINES = 900
