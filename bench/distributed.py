@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+import ranks  # bench/ranks.py: starting the ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,33 +57,7 @@ def rank_job(device, mode, steps):
 
 
 def launch(device, mode, steps):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            TORCHTPU_NUM_CPU_DEVICES="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, "--rank-job", device, mode, str(steps)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outs = [p.communicate(timeout=900) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        if p.returncode:
-            raise RuntimeError(err[-3000:])
-    return json.loads([ln for ln in outs[0][0].splitlines() if ln.startswith("{")][-1])
+    return ranks.launch(__file__, ["--rank-job", device, mode, steps], 2)
 
 
 def main():

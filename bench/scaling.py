@@ -25,11 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+import ranks  # bench/ranks.py: starting the ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PER_RANK_BATCH, CTX, D, LAYERS = 4, 64, 128, 2
@@ -144,13 +144,13 @@ def _replay(calls, world, steps):
     for i in range(steps + 2):
         t0 = time.perf_counter()
         outs = []  # kept: a result nobody holds would not be computed
-        for (name, op, n, dt, size, ranks), t in zip(calls, ts):
+        for (name, op, n, dt, size, group), t in zip(calls, ts):
             if name == "all_reduce":
-                outs.append(collectives.all_reduce(t, op, ranks, world))
+                outs.append(collectives.all_reduce(t, op, group, world))
             elif name == "all_gather":
-                outs.append(collectives.all_gather(t, ranks, world))
+                outs.append(collectives.all_gather(t, group, world))
             else:
-                outs.append(collectives.reduce_scatter(t, op, ranks, world))
+                outs.append(collectives.reduce_scatter(t, op, group, world))
         torchtpu.sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[2:]) if calls else 0.0
@@ -172,39 +172,7 @@ def _wire_bytes(calls):
 
 
 def launch(kind, mode, world, steps):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(r),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            TORCHTPU_NUM_CPU_DEVICES="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, "--rank-job", kind, mode, str(steps)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    try:
-        outs = [p.communicate(timeout=900) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (_, err) in zip(procs, outs):
-        if p.returncode:
-            raise RuntimeError(err[-3000:])
-    return json.loads([ln for ln in outs[0][0].splitlines() if ln.startswith("{")][-1])
+    return ranks.launch(__file__, ["--rank-job", kind, mode, steps], world)
 
 
 def project(r, world, chips, flops, mfu, ici):

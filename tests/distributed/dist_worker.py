@@ -364,38 +364,46 @@ class _Stage1(torch.nn.Module):
         return self.head(self.ln(self.block(x)))
 
 
-def pipeline():
-    """Two stages, one per rank (rank 0 embeds and runs block 0; rank 1 runs block 1, the head and the loss): each
-    rank runs different code (MPMD); activations and gradients go by send/recv. GPipe, 2 microbatches."""
+def _run_pipeline(gpt, module, microbatches, prefixes):
+    """GPipe over the ranks, one stage each (module: this rank's); the last rank computes the loss. Prints the last
+    rank's losses and this rank's parameter sums (the parameters whose names start with prefixes)."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    _init()
-    gpt = _gpt()
-    module = (_Stage0 if RANK == 0 else _Stage1)(gpt).to("tpu")
     stage = PipelineStage(module, RANK, WORLD, torch.device("tpu", 0))
 
     def loss_fn(logits, y):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=loss_fn)
+    schedule = ScheduleGPipe(stage, n_microbatches=microbatches, loss_fn=loss_fn)
     opt = _opt(module.parameters())
     losses = []
     for x, y in batches():
         opt.zero_grad()
         if RANK == 0:
             schedule.step(x.to("tpu"))
-        else:
+        elif RANK == WORLD - 1:
             mb = []
             schedule.step(target=y.to("tpu"), losses=mb)
             losses.append(sum(m.item() for m in mb) / len(mb))
+        else:
+            schedule.step()
         opt.step()
     state = {
         k: v.detach().float().sum().item()
         for k, v in _full_state(gpt).items()
-        if any(k.startswith(p) for p in (("tok.", "pos.", "blocks.0.") if RANK == 0 else ("blocks.1.", "ln.", "head.")))
+        if any(k.startswith(p) for p in prefixes)
     }
     print(json.dumps({"losses": losses, "param_sums": state}), flush=True)
     dist.destroy_process_group()
+
+
+def pipeline():
+    """Two stages, one per rank (rank 0 embeds and runs block 0; rank 1 runs block 1, the head and the loss): each
+    rank runs different code (MPMD); activations and gradients go by send/recv. GPipe, 2 microbatches."""
+    _init()
+    gpt = _gpt()
+    module = (_Stage0 if RANK == 0 else _Stage1)(gpt).to("tpu")
+    _run_pipeline(gpt, module, 2, ("tok.", "pos.", "blocks.0.") if RANK == 0 else ("blocks.1.", "ln.", "head."))
 
 
 def compiled():
@@ -502,38 +510,11 @@ class _Head(torch.nn.Module):
 
 def pipeline4():
     """Four stages, one per rank: the embedding, block 0, block 1, the head (GPipe, 4 microbatches)."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
     _init(seconds=120)
     gpt = _gpt()
     module = [_Embed(gpt), gpt.blocks[0], gpt.blocks[1], _Head(gpt)][RANK].to("tpu")
-    stage = PipelineStage(module, RANK, WORLD, torch.device("tpu", 0))
-
-    def loss_fn(logits, y):
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss_fn)
-    opt = _opt(module.parameters())
-    losses = []
-    for x, y in batches():
-        opt.zero_grad()
-        if RANK == 0:
-            schedule.step(x.to("tpu"))
-        elif RANK == WORLD - 1:
-            mb = []
-            schedule.step(target=y.to("tpu"), losses=mb)
-            losses.append(sum(m.item() for m in mb) / len(mb))
-        else:
-            schedule.step()
-        opt.step()
-    prefix = ["tok.", "pos."], ["blocks.0."], ["blocks.1."], ["ln.", "head."]
-    state = {
-        k: v.detach().float().sum().item()
-        for k, v in _full_state(gpt).items()
-        if any(k.startswith(p) for p in prefix[RANK])
-    }
-    print(json.dumps({"losses": losses, "param_sums": state}), flush=True)
-    dist.destroy_process_group()
+    prefixes = ["tok.", "pos."], ["blocks.0."], ["blocks.1."], ["ln.", "head."]
+    _run_pipeline(gpt, module, 4, prefixes[RANK])
 
 
 def checkpoint_save(path):
