@@ -6,12 +6,13 @@ what any op costs: in strict mode it is its own program, launched asynchronously
 into the pending chunk like a matmul, with no cut, and XLA schedules (and combines) the chunk's collectives beside
 its compute. A program holding a collective is compiled for the group: one replica per rank, the group's devices
 as the device assignment (runtime.py reads the group from the op's ``torchtpu_group`` attribute, global ranks and
-world size). A program never holds collectives of two groups: the process group cuts before a collective of
-another group than the pending one's (``cuts.collective_group``).
+world size). A program never holds collectives of two groups: the process group cuts (``cuts.collective``) before
+a collective of another group than the pending one's.
 
 The process group (distributed.py) calls these ops for the reductions XLA has (SUM, AVG, MIN, MAX, PRODUCT) on
-any dtype but bool, and torch.compile graphs reach them through the functional collectives' rules (compile.py);
-the rest (bitwise reductions, broadcast, scatter, all-to-all, send/recv) stay jitted shard_map programs.
+any dtype but bool; torch.compile graphs reach them through the process group too (Dynamo's functional
+collectives call it while the graph is captured, and the capture records these ops into the program); the rest
+(bitwise reductions, broadcast, scatter, all-to-all, send/recv) stay jitted shard_map programs.
 """
 
 from __future__ import annotations
@@ -99,11 +100,6 @@ def _region(op, dtype):
     return scalar_region(_COMBINE[op], dtype)
 
 
-def _divide(y, n):
-    c = E.const(y.fn, n, y.dtype, y.shape)
-    return y.fn.op("stablehlo.divide", [y, c], y.shape, y.dtype)
-
-
 def _opaque(x):
     """x behind an optimization barrier: XLA's algebraic simplifier folds an all-reduce of a value it can see is
     built from constants (a sum becomes a multiply by the group's size), right only when every rank runs this very
@@ -116,7 +112,7 @@ def _all_reduce_rule(tr, x, op, ranks, world):
     y = x.fn.op(
         "stablehlo.all_reduce", [x], x.shape, x.dtype, attrs=group_attrs(ranks, world), regions=_region(op, x.dtype)
     )
-    return _divide(y, len(ranks)) if op == "AVG" else y
+    return E.div(y, E.const(y.fn, len(ranks), y.dtype)) if op == "AVG" else y
 
 
 def _all_gather_rule(tr, x, ranks, world):
@@ -138,7 +134,7 @@ def _reduce_scatter_rule(tr, x, op, ranks, world):
         attrs=f"scatter_dimension = 0 : i64, {group_attrs(ranks, world)}",
         regions=_region(op, x.dtype),
     )
-    return _divide(y, len(ranks)) if op == "AVG" else y
+    return E.div(y, E.const(y.fn, len(ranks), y.dtype)) if op == "AVG" else y
 
 
 RULES = {

@@ -71,8 +71,7 @@ def _join(store, rank: int, world: int, timeout: datetime.timedelta) -> None:
             num_processes=world,
             process_id=rank,
             initialization_timeout=seconds,
-            # a third of the group's timeout: a failed collective can name the lost rank
-            # (the runtime's view, _lost) well within the timeout
+            # a failed collective can name the lost rank (the runtime's view, _lost) well within the timeout
             heartbeat_timeout_seconds=_heartbeat(seconds),
             shutdown_timeout_seconds=max(10, seconds),
         )
