@@ -229,6 +229,7 @@ class Call:
             kwargs = dict(kwargs)
             outs = [kwargs.pop(n) for n in out_names]
             check_out_overlap(self.name, args, kwargs, outs)
+            resized = False
             # an out-only rule (no functional twin, e.g. arange.start_out) takes its shapes from the out meta
             fmeta = ometa if fop is self.op else meta(fop, fname, args, kwargs)
             targets = []
@@ -242,15 +243,20 @@ class Call:
                     )
                 if o.shape != m.shape:
                     if self.lowering:
-                        if o.numel() != 0 or not o.is_contiguous():
-                            raise NeedsPython()  # resizing a tensor with values: the Python kernel does it
+                        if o.numel() != 0 or not o.is_contiguous() or o.untyped_storage().nbytes() != 0:
+                            # resizing a tensor with values, or within a storage it shares (it may come to
+                            # overlap an input there, as on cpu): the Python kernel does it
+                            raise NeedsPython()
                         # arrived empty (a factory: arange(n) is empty + arange.start_out): the entry resizes it
                         path = self.path_of[id(o)]
                         self.resizes.append((path[0], path[1], list(m.shape)))
                         targets.append(ArgSlot(path, m))
                         continue
                     o.resize_(m.shape)
+                    resized = True
                 targets.append(o)
+            if resized:  # a resize within its storage can make an out overlap an input (cpu checks after it)
+                check_out_overlap(self.name, args, kwargs, outs)
             tr._out = fmeta
             vals = self.run_rule(tr, rule, args, kwargs)
             for o, v in zip(targets, vals):
