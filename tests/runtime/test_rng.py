@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 import torchtpu
@@ -58,3 +59,41 @@ def test_same_numbers_in_every_mode():
             torch.tpu.manual_seed(9)
             outs.append(torch.randn(50, device="tpu").cpu())
     assert torch.equal(outs[0], outs[1])
+
+
+def test_multinomial_on_the_device_follows_the_distribution_and_cpu_checks():
+    before = {k: v for k, v in torchtpu.metrics.counters().items() if k.startswith("fallback.")}
+    p = torch.tensor([[0.1, 0.2, 0.7, 0.0], [0.5, 0.5, 0.0, 0.0]], device="tpu")
+    torch.tpu.manual_seed(4)
+    for replacement in (False, True):
+        s = torch.multinomial(p.repeat(4000, 1), 1, replacement=replacement).cpu()
+        freq0 = torch.bincount(s[0::2, 0], minlength=4) / 4000
+        freq1 = torch.bincount(s[1::2, 0], minlength=4) / 4000
+        assert torch.allclose(freq0, torch.tensor([0.1, 0.2, 0.7, 0.0]), atol=0.03), freq0
+        assert torch.allclose(freq1, torch.tensor([0.5, 0.5, 0.0, 0.0]), atol=0.03), freq1
+    two = torch.multinomial(p, 2).cpu()  # without replacement: distinct categories of nonzero probability
+    assert two[1].sort().values.tolist() == [0, 1] and two[0, 0] != two[0, 1] and 3 not in two[0].tolist()
+    assert torch.multinomial(p[0], 6, replacement=True).shape == (6,)
+    g = torch.Generator(device="tpu").manual_seed(1)
+    a = torch.multinomial(p, 2, generator=g).cpu()
+    g.manual_seed(1)
+    assert torch.equal(a, torch.multinomial(p, 2, generator=g).cpu())
+    outs = []
+    for m in ("strict", "fused", "debug"):
+        with torchtpu.mode(m):
+            torch.tpu.manual_seed(9)
+            outs.append(torch.multinomial(torch.softmax(torch.arange(50.0, device="tpu") / 9, 0), 5).cpu())
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    for bad, msg in (
+        ([[0.5, -0.1]], "element < 0"),
+        ([[float("nan"), 1.0]], "`nan`"),
+        ([[0.0, 0.0]], "sum of probabilities <= 0"),
+    ):
+        with pytest.raises(RuntimeError, match=msg):
+            torch.multinomial(torch.tensor(bad, device="tpu"), 1).cpu()
+    with pytest.raises(RuntimeError, match="not enough non-negative category"):
+        torch.multinomial(p, 3).cpu()
+    with pytest.raises(RuntimeError, match="without replacement"):
+        torch.multinomial(p, 5)
+    after = {k: v for k, v in torchtpu.metrics.counters().items() if k.startswith("fallback.")}
+    assert after == before

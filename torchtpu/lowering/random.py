@@ -8,7 +8,8 @@ import math
 import torch
 
 from .. import emit as E
-from ..tables import inplace_lowering
+from .. import jaxfn
+from ..tables import inplace_lowering, lowering, out_meta
 
 
 def _state(tr, generator, numel):
@@ -100,3 +101,70 @@ def random_from_(tr, x, from_, to=None, generator=None):
 @inplace_lowering("random_.to")
 def random_to_(tr, x, to, generator=None):
     return random_from_(tr, x, 0, to, generator)
+
+
+@lowering("multinomial")
+def multinomial(tr, probs, num_samples, replacement=False, generator=None):
+    """Samples from the tpu generator (not cpu's stream, as on cuda), in one program: without replacement an
+    exponential race (the num_samples largest p / E with E ~ Exp(1), distinct categories, which is sampling
+    without replacement); with it, each draw u ~ U[0, 1) finds its category in the running sum. cpu's checks of
+    the values run on the device (Trace.check): a negative, inf or nan probability, a row summing to 0, fewer
+    nonzero categories than samples without replacement."""
+    if probs.rank not in (1, 2):
+        raise RuntimeError(f"multinomial: prob_dist must be 1 or 2 dim, got {probs.rank} dims")
+    if not probs.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {probs.dtype}")
+    n = probs.shape[-1]
+    if num_samples <= 0:
+        raise RuntimeError(f"multinomial: cannot sample n_sample <= 0 samples, got {num_samples}")
+    if not replacement and num_samples > n:
+        raise RuntimeError(
+            f"multinomial: cannot sample n_sample > prob_dist.size(-1) samples without replacement "
+            f"({num_samples} > {n})"
+        )
+    m = out_meta(tr)
+    rows = probs.numel // n if n else 0
+    if rows == 0 or n == 0:
+        if n == 0:
+            raise RuntimeError("multinomial: number of categories cannot be zero")
+        return E.const(tr.fn, 0, torch.int64, tuple(m.shape))
+    ct = torch.float64 if probs.dtype == torch.float64 else torch.float32
+    p = E.reshape(E.convert(probs, ct), (rows, n))
+    k = num_samples if replacement else num_samples
+    u = uniform01(tr, generator, (rows, k if replacement else n), ct)
+
+    def checks(pv):
+        import jax.numpy as jnp
+
+        bad_value = ~jnp.isfinite(pv) | (pv < 0)
+        total = jnp.sum(jnp.where(bad_value, 0, pv), axis=-1)
+        nonzero = jnp.sum(pv > 0, axis=-1)
+        return bad_value.any(axis=-1), total <= 0, nonzero < num_samples
+
+    bad_value, bad_sum, too_few = jaxfn.call(tr, "multinomial_checks", checks, [p], static=(num_samples,))
+    zeros = E.const(tr.fn, 0, torch.int64, (rows,))
+    tr.check(bad_value, zeros, RuntimeError, "probability tensor contains either `inf`, `nan` or element < 0")
+    tr.check(bad_sum, zeros, RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)")
+    if not replacement:
+        tr.check(
+            too_few,
+            zeros,
+            RuntimeError,
+            "invalid multinomial distribution (with replacement=False, not enough non-negative category to sample)",
+        )
+
+    def draw(pv, uv):
+        import jax
+        import jax.numpy as jnp
+
+        if replacement:
+            cdf = jnp.cumsum(pv, axis=-1)
+            cdf = cdf / cdf[:, -1:]
+            idx = jax.vmap(lambda c, x: jnp.searchsorted(c, x, side="right"))(cdf, uv)
+            return jnp.minimum(idx, n - 1).astype(jnp.int64)
+        # Exp(1) = -log(1 - u); zero-probability categories get key 0 (chosen last, and only if too few)
+        keys = pv / -jnp.log1p(-uv)
+        return jax.lax.top_k(keys, num_samples)[1].astype(jnp.int64)
+
+    (idx,) = jaxfn.call(tr, "multinomial", draw, [p, u], static=(num_samples, bool(replacement)))
+    return E.reshape(idx, tuple(m.shape))
