@@ -436,12 +436,22 @@ def _decompositions():
     return _Decompositions()
 
 
+# torch.compile's modes name Inductor's trade-offs; every graph here is one XLA program launched without per-op
+# host work (what "reduce-overhead" buys with CUDA graphs), so each mode compiles the same program. Hugging Face's
+# generate passes "reduce-overhead" unless told otherwise.
+_MODES = {None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
+
+
 def backend(gm, example_inputs, **kwargs):
     """The Dynamo backend "tpu" (registered through the ``torch_dynamo_backends`` entry point)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.utils import counters
 
     _register_device_interface()
+    mode = kwargs.pop("mode", None)
+    if mode not in _MODES:
+        known = sorted(m for m in _MODES if m)
+        raise ValueError(f"torch.compile(backend='tpu'): unknown mode {mode!r}; one of {known}")
     before = dict(counters["aot_autograd"])
     # NOTE: min_cut_rematerialization_partition (Inductor's) measured no faster on the small GPT step here
     with _aot_cache():

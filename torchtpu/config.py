@@ -124,7 +124,7 @@ _knob(
     "TORCHTPU_FUSED_PROGRAM_CUT_OPS",
     int,
     "64",
-    "fused: a compiled graph's program of this many ops or more launches at once instead of fusing.",
+    "fused: a compiled graph's program of this many ops or more launches at once, alone, instead of fusing.",
 )
 _knob(
     "distributed_checks",

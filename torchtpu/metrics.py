@@ -1,5 +1,7 @@
 """Counters for everything the backend does: ``counters()``, ``report()``, ``reset()``, ``step_line()``.
 
+``host_sync_lines()``: the host syncs by the user's line that caused them.
+
 Names (stable, documented in docs/architecture.md):
   op.<aten op>                ops dispatched to the tpu kernels, by overload
   executions                  programs launched (chunks: one op each in strict/debug, many in fused)
@@ -54,6 +56,12 @@ def host_sync(cause: str) -> None:
         _counters["host_syncs"] += 1
         _counters["host_sync." + cause] += 1
         _sync_lines[user_line()] += 1
+
+
+def host_sync_lines() -> dict:
+    """Host syncs since the last reset by the user's source line that caused them ("file.py:line")."""
+    with _lock:
+        return dict(_sync_lines)
 
 
 def counters() -> dict:

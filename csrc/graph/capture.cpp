@@ -421,13 +421,22 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
   const Program& p = *pp;
   if (inputs.size() != p.inputs.size()) return std::nullopt;
   std::vector<at::Tensor> outs;
-  bool want_cut, program_cut;
+  bool want_cut, program_cut = false;
   const Mode mode = get_mode();
   {
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (!(spec_of(inputs, i) == p.inputs[i])) return std::nullopt;
     }
+    program_cut = mode == Mode::kFused && program_cut_wanted(p.device, p.ops);  // counts every program
+  }
+  // A program launched on its own in fused mode (the rule above) goes alone into its chunk: the eager ops pending
+  // before it launch first. Otherwise a chunk holds them with the whole program, and when their shapes change from
+  // call to call (Hugging Face's generate: the token ids grow by one each step) every call compiles the whole
+  // model again (0.4 s a token for bench/generate.py's model); alone, it is the executable strict mode compiled.
+  if (program_cut) cut(p.device, CutCause::kProgram);
+  {
+    std::lock_guard<std::recursive_mutex> lk(exec_mutex());
     const Fragment& f = fragment(p.fragment);
     auto node = new_node(p.fragment, p.device);
     size_t ci = 0;
@@ -471,7 +480,6 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
     }
     for (const auto& m : p.mutated) handle_of(inputs[m.first].storage())->set_pending(node, m.second);
     want_cut = record(node, mode == Mode::kFused);
-    program_cut = mode == Mode::kFused && program_cut_wanted(p.device, p.ops);  // counts every program
   }
   after_record(p.device, mode, want_cut, program_cut);
   return outs;
