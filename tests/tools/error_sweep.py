@@ -25,7 +25,6 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torchtpu import executor
 
 MODES = ("strict", "fused", "debug")
-VARIANTS = ("function", "inplace", "out")
 UNSUPPORTED = {torch.complex32}  # dtypes tpu tensors cannot have (a clear error at creation, docs/ops.md)
 
 
@@ -98,11 +97,11 @@ def _raises_as_meant(fn, regex):
     return False
 
 
-def cases(op, dtypes_of=None):
+def cases(op):
     """(variant, dtype, out dtype, sample, regex) for each error input that raises on cpu as the OpInfo means.
     Dtypes: the error input's own, then every other dtype the OpInfo lists for cpu (its tensors of the first
     tensor's dtype cast); out=: an empty out tensor of the input's dtype, bool or int64 (what cpu accepts)."""
-    dtypes = sorted(op.supported_dtypes("cpu"), key=str) if dtypes_of is None else dtypes_of(op)
+    dtypes = sorted(op.supported_dtypes("cpu"), key=str)
     variants = ["function"]
     if op.inplace_variant is not None:
         variants.append("inplace")
@@ -130,13 +129,13 @@ def cases(op, dtypes_of=None):
                         break
 
 
-def sweep(ops, modes=MODES, dtypes_of=None, log=None, others=None):
+def sweep(ops, modes=MODES, others=None):
     """Counts and the silent cases [(op, variant, dtype, mode, expected error)] over the ops."""
     warnings.filterwarnings("ignore")
     stats = collections.Counter()
     silent, unmovable = [], []
     for op in ops:
-        for variant, dtype, out_dtype, sample, built, regex in cases(op, dtypes_of):
+        for variant, dtype, out_dtype, sample, built, regex in cases(op):
             stats["raise_on_cpu"] += 1
             try:
                 sample.transform(mover())  # movable at all (a dtype tpu has)
@@ -162,8 +161,6 @@ def sweep(ops, modes=MODES, dtypes_of=None, log=None, others=None):
                                 others.append((op.name, variant, str(dtype), mode, regex, msg))
                         with contextlib.suppress(Exception):
                             torch.tpu.synchronize()  # a late check of this case must not land on the next one
-        if log:
-            log(op.name)
     return stats, silent, unmovable
 
 

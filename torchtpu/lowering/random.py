@@ -122,16 +122,15 @@ def multinomial(tr, probs, num_samples, replacement=False, generator=None):
             f"multinomial: cannot sample n_sample > prob_dist.size(-1) samples without replacement "
             f"({num_samples} > {n})"
         )
+    if n == 0:
+        raise RuntimeError("multinomial: number of categories cannot be zero")
     m = out_meta(tr)
-    rows = probs.numel // n if n else 0
-    if rows == 0 or n == 0:
-        if n == 0:
-            raise RuntimeError("multinomial: number of categories cannot be zero")
+    rows = probs.numel // n
+    if rows == 0:
         return E.const(tr.fn, 0, torch.int64, tuple(m.shape))
     ct = torch.float64 if probs.dtype == torch.float64 else torch.float32
     p = E.reshape(E.convert(probs, ct), (rows, n))
-    k = num_samples if replacement else num_samples
-    u = uniform01(tr, generator, (rows, k if replacement else n), ct)
+    u = uniform01(tr, generator, (rows, num_samples if replacement else n), ct)
 
     def checks(pv):
         import jax.numpy as jnp
