@@ -490,6 +490,9 @@ class TpuOutputCode(torch._inductor.output_code.OutputCode):
 
     def __init__(self, graph: TpuGraph):
         self.graph = graph
+        # also on the instance: Dynamo wraps a backward compiler's result in disable(), whose functools.wraps copies
+        # the instance's __dict__ only; without it AOTAutograd calls the backward unboxed and warns users about it
+        self._boxed_call = True
 
     def __call__(self, *args):
         return self.graph(*args)
@@ -507,7 +510,7 @@ class TpuOutputCode(torch._inductor.output_code.OutputCode):
         return {"code": _GraphCode(self.graph.gm), "kind": self.graph.kind}
 
     def __setstate__(self, state):
-        self.graph = TpuGraph(state["code"], state["kind"])
+        self.__init__(TpuGraph(state["code"], state["kind"]))
 
 
 class _GraphCode:

@@ -411,3 +411,17 @@ def test_dynamic_true_and_mark_dynamic_capture_once_per_bucket():
         x = torch.randn(n, 8, device="tpu")
         torch._dynamo.mark_dynamic(x, 0)
         assert torch.allclose(cm(x).cpu(), m(x).cpu(), atol=1e-5)
+
+
+def test_backward_graphs_take_boxed_arguments_so_users_see_no_aot_warning():
+    # Dynamo wraps a backward compiler's result in disable(); AOTAutograd then warned each first backward that "your
+    # compiler ... doesn't take boxed arguments" (users of the README's GPT saw it) and called it unboxed
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to("tpu")
+    fwd = torch.compile(model, backend="tpu")
+    x = torch.randn(8, 16, device="tpu")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            fwd(x).square().sum().backward()
+    assert not [str(w.message) for w in seen if "boxed" in str(w.message)]
+    assert model[0].weight.grad is not None
