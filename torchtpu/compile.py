@@ -140,7 +140,7 @@ class TpuGraph:
     def _goes_op_by_op(self, key, why, n_ops):
         """Calls with these non-tensor arguments run op by op from now on: counted, and said once per graph."""
         self.eager.setdefault(key, why)
-        if not self.warned:
+        if not self.warned and n_ops:  # a graph of no ops (only views, or nothing on tpu) loses nothing
             self.warned = True
             metrics.inc("compile.eager_graphs")
             warnings.warn(f"torchtpu: a compiled {self.kind} graph of {n_ops} ops runs op by op: {why}", stacklevel=3)

@@ -195,6 +195,8 @@ class Call:
             fmeta = meta(self.op, self.name, args, kwargs)
             tr._out = fmeta
             vals = self.run_rule(tr, rule, args, kwargs)
+            if fmeta is None:  # returns nothing (_assert_async): its program only checks
+                return tr, NOTHING, []
             metas = as_tuple(fmeta)
             outs = [None if m is None else self.new_output(j, m) for j, m in enumerate(metas)]
             for o, v in zip(outs, vals):
@@ -470,8 +472,12 @@ def register_all():
 
 
 def callbacks() -> dict:
-    """What the C++ path calls back into: the executor's callbacks and the op table's (lower, python_kernel)."""
-    return {**executor.callbacks(), "lower": lower, "python_kernel": python_kernel}
+    """What the C++ path calls back into: the executor's callbacks and the op table's (lower, python_kernel). Each
+    runs untraced: the dispatcher calls them from inside a compiled function's graph-broken code too, where Dynamo
+    would otherwise compile the frames they call (jax's among them: lowering a new signature, compiling a chunk) as
+    user code; jax's pytree calls then failed inside Dynamo's frames (Longcat-Flash's expert loop, compiled)."""
+    cbs = {**executor.callbacks(), "lower": lower, "python_kernel": python_kernel}
+    return {k: untraced(f) for k, f in cbs.items()}
 
 
 def registered_ops() -> set[str]:

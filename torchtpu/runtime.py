@@ -19,6 +19,7 @@ import torch
 
 from . import config
 from . import dtypes as D
+from .untraced import untraced
 
 _PLATFORMS = ("cpu", "tpu", "cuda")
 _GROUP = re.compile(r'torchtpu_group = "([0-9,]+)/([0-9]+)"')
@@ -163,6 +164,7 @@ class JaxlibRuntime:
         in_avals = [core.ShapedArray(tuple(s), D.to_numpy(d)) for s, d in ins]
         out_avals = [core.ShapedArray(tuple(s), D.to_numpy(d)) for s, d in outs]
 
+        @untraced  # jax's dispatch calls it from the user's frame, inside a compiled function's graph breaks too
         def cache_miss(*args):
             arrays = [a if isinstance(a, jax.Array) else jax.device_put(a, dev) for a in args]
             res = exe.execute_sharded(arrays).disassemble_into_single_device_arrays()

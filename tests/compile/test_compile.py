@@ -425,3 +425,22 @@ def test_backward_graphs_take_boxed_arguments_so_users_see_no_aot_warning():
             fwd(x).square().sum().backward()
     assert not [str(w.message) for w in seen if "boxed" in str(w.message)]
     assert model[0].weight.grad is not None
+
+
+def test_new_programs_inside_a_compiled_functions_graph_breaks_run_untraced():
+    # an expert loop (Longcat-Flash's): graph breaks at .item(), and the eager code between graphs lowers, compiles
+    # and first launches new programs. Dynamo compiled the jax frames those callbacks call as user code, and jax's
+    # pytree calls failed inside them ("flatten(): incompatible function arguments")
+    def experts(h, mask):
+        out = torch.zeros_like(h)
+        for e in mask.sum(dim=(1, 2)).nonzero():
+            j = int(e.item())
+            sel, tok = torch.where(mask[j])
+            out.index_add_(0, tok, h[tok] * (j + 1) + sel[:, None])
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    fn = torch.compile(experts, backend="tpu")
+    for _ in range(2):
+        h, mask = torch.randn(32, 16, generator=g), torch.rand(3, 2, 32, generator=g) > 0.5
+        torch.testing.assert_close(fn(h.to("tpu"), mask.to("tpu")).cpu(), experts(h, mask))

@@ -62,6 +62,8 @@ def _cases():
             IndexError,
             r"index 12",
         ),
+        "assert_async": (lambda: torch._assert_async(w[0, 0]), RuntimeError, "single nonzero value, but got zero"),
+        "assert_async_msg": (lambda: torch._assert_async(w[0, 0] > 1, "mask {empty}"), RuntimeError, "mask {empty}"),
         "masked_scatter": (
             lambda: w.masked_scatter(w > 30, torch.ones(3, device=T)),
             RuntimeError,
@@ -79,7 +81,7 @@ def test_strict_raises_at_the_next_synchronization(name):
     assert "test_index_checks.py:" in str(info.value)  # the user's line that issued the op
 
 
-@pytest.mark.parametrize("name", ["index_select", "gather", "nll_loss", "index_negative", "take"])
+@pytest.mark.parametrize("name", ["index_select", "gather", "nll_loss", "index_negative", "take", "assert_async_msg"])
 def test_debug_raises_at_the_op(name):
     fn, exc, msg = _cases()[name]
     with torchtpu.mode("debug"):
@@ -117,3 +119,16 @@ def test_bad_token_in_a_training_step_names_the_embedding():
         loss = emb(ids).sum()
         loss.backward()
         loss.item()
+
+
+def test_assert_async_checks_on_the_device_without_a_host_sync_or_fallback():
+    # Dynamo turns data-dependent checks into _assert_async: it was a CPU fallback with a host sync, which also made
+    # each compiled graph holding one run op by op
+    torchtpu.metrics.reset()
+    torch._assert_async(torch.tensor(2.0, device=T))
+    torch._assert_async(torch.tensor(True, device=T), "never")
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        torch._assert_async(torch.ones(2, device=T))
+    torch.tpu.synchronize()
+    c = torchtpu.metrics.counters()
+    assert c.get("host_syncs", 0) == 0 and not any(k.startswith("fallback.") for k in c), c
