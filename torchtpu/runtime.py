@@ -136,6 +136,13 @@ class JaxlibRuntime:
         return self.backend.serialize_executable(exe)
 
     def deserialize(self, payload: bytes, device_index: int = 0, text: str | None = None):
+        if b"lapack_" in payload:
+            # jaxlib registers its LAPACK custom calls at import but loads the LAPACK functions they call only when
+            # it lowers one: a process whose first triangular solve comes from the disk cache ran it with none
+            # loaded and crashed (SIGSEGV)
+            from jax._src.lax import linalg
+
+            linalg.initialize_lapack()
         devs, opts = self._compile_options(device_index, text)
         return self.backend.deserialize_executable(payload, devs, opts)
 

@@ -171,6 +171,25 @@ def test_second_process_with_a_warm_cache_compiles_nothing(tmp_path, mode):
     assert cold["lowerings"] > 0 and warm["lowerings"] == 0 and warm["optable_hits"] == cold["lowerings"]
 
 
+_LAPACK = """
+import json, torch, torchtpu
+a = torch.tril(torch.rand(5, 5, generator=torch.Generator().manual_seed(0))) + 2 * torch.eye(5)
+b = torch.ones(5, 2)
+x = torch.linalg.solve_triangular(a.to("tpu"), b.to("tpu"), upper=False).cpu()
+ok = torch.allclose(x, torch.linalg.solve_triangular(a, b, upper=False), atol=1e-5)
+print(json.dumps({"ok": ok, "disk_hits": torchtpu.metrics.counters().get("cache_hits.disk", 0)}))
+"""
+
+
+@pytest.mark.pins_mode
+def test_a_lapack_program_loaded_from_disk_runs_in_a_fresh_process(tmp_path):
+    # XLA:CPU's triangular solve is a custom call into jaxlib's LAPACK wrappers, whose functions jaxlib loads only
+    # when it lowers one: a fresh process that loaded the program from disk crashed (SIGSEGV) on its first run
+    assert _process(tmp_path / "c", "strict", script=_LAPACK)["ok"]
+    warm = _process(tmp_path / "c", "strict", script=_LAPACK)
+    assert warm["ok"] and warm["disk_hits"] > 0, warm
+
+
 @pytest.mark.pins_mode
 def test_a_process_killed_while_writing_leaves_nothing_that_breaks_the_next(tmp_path):
     d = tmp_path / "c"
