@@ -193,8 +193,6 @@ def _shrink(d: dict, stages: bool = True) -> dict:
             out["head_dim"] = out["qk_rope_head_dim"]
         elif d.get("head_dim") == d["qk_rope_head_dim"] + d.get("qk_nope_head_dim", -1):
             out["head_dim"] = out["qk_head_dim"]
-    if out.get("q_lora_rank") is not None and d.get("q_lora_rank") is None:
-        del out["q_lora_rank"]
     vocab = out.get("vocab_size", d.get("vocab_size"))
     if not isinstance(vocab, int) and any(isinstance(v, dict) and "vocab_size" in v for v in d.values()):
         vocab = VOCAB  # a multimodal config: the ids of its image/audio tokens index the text model's vocabulary
