@@ -4,12 +4,13 @@ configs too; random init, no downloads), trained 3 AdamW steps on cpu, in eager 
 TORCHTPU_MODE says otherwise) and under
 torch.compile(backend="tpu"), from the same init on the same batches.
 
-    .venv/bin/python tests/tools/hf_sweep.py [--jobs 2] [--only llama,bert] [--out sweep.jsonl] [--write]
+    .venv/bin/python tests/tools/hf_sweep.py [--jobs 2] [--only llama,bert] [--redo] [--out docs/zoo.jsonl] [--write]
 
 Each architecture runs in a process of its own (bounded in time; a crash is a row, not the end of the sweep),
 sharing one disk cache. Per row: the loss's largest relative difference to cpu over the steps (eager, compiled),
 the CPU fallbacks by op, Dynamo's graph breaks on tpu beside Dynamo's on cpu (backend "eager", same model and
-steps), and the compiled graphs that ran op by op. `--write` puts the table into docs/zoo.md.
+steps), and the compiled graphs that ran op by op. A row that ran but drifted is checked against cpu in float64
+(_float64_check). `--write` puts the table of --out's rows (last wins) into docs/zoo.md.
 tests/models/test_hf_sweep.py runs a fixed subset (SUBSET)."""
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ TASKS = {
     "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
 }
 STEPS = 3
+_DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs")
+DOC_ROWS = os.path.join(_DOCS, "zoo.jsonl")  # the rows of the last full sweep, and of rows rerun since (last wins)
 MATCH = 1e-3  # largest relative loss difference to cpu over the steps that counts as a match
+FLOAT64_SLACK = 1.5  # ill-conditioned models: tpu's distance to float64's losses, in units of cpu float32's widest
+PERTURBED = 4  # ... over cpu float32 runs from the weights and from this many copies perturbed by one rounding
 VOCAB = 512
 SEQ = 16
 BATCH = 2
@@ -268,11 +273,8 @@ NOTES: dict[str, str] = {
     "git": "its loss skips the image tokens the sweep does not give",
     "kimi_linear": "its first eager step compiles ~1,370 programs: a per-position loop over chunk slices of every "
     "length (CPU takes 135 s for the 3 steps)",
-    **{
-        m: "the first step's loss matches cpu's (<= 6e-5 relative), later steps drift: not yet explained (BatchNorm "
-        "over 2 images under AdamW amplifies rounding, as the zoo's ResNet needed lr 1e-4; unchecked here)"
-        for m in ("hgnet_v2", "levit", "mobilenet_v1", "mobilenet_v2", "textnet")
-    },
+    "textnet": "eager's third loss 1.0056 (float64 0.9987, cpu float32 1.0025) is 1.8x farther from float64's than "
+    "the widest cpu float32 run: not investigated",
     "bailing_hybrid": "did not finish in the time bound (a linear-attention hybrid; not investigated)",
     "efficientnet": "did not finish in the time bound (63M parameters at its smallest working config)",
     "nemotron_h": "did not finish in the time bound (a Mamba-2 hybrid; not investigated)",
@@ -364,13 +366,14 @@ def _loss(model, batch):
     return loss
 
 
-def _train(model, bs, device, compile_backend=None):
+def _train(model, bs, device, compile_backend=None, dtype=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     step = torch.compile(_loss, backend=compile_backend) if compile_backend else _loss
     losses = []
     for b in bs:
         opt.zero_grad()
-        loss = step(model, {k: v.to(device) for k, v in b.items()})
+        b = {k: v.to(device, dtype or v.dtype) if v.is_floating_point() else v.to(device) for k, v in b.items()}
+        loss = step(model, b)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -453,9 +456,42 @@ def run(task, model_type, class_name, modes=("eager", "compiled")) -> dict:
             r["tpu_breaks"] = _graph_breaks()
             r["eager_graphs"] = c.get("compile.eager_graphs", 0)
     ok = all(r.get(m + "_rel", 1) <= MATCH and not r.get(m + "_error") for m in modes)
-    r["status"] = "match" if ok else "differs"
+    if not ok and all(m + "_rel" in r and not r.get(m + "_error") for m in modes):
+        ok = _float64_check(r, pristine, bs, modes)
+    r["status"] = ("match" if r.get("cpu32_rel64") is None else "match (float64)") if ok else "differs"
     r["seconds"] = round(time.perf_counter() - t0, 1)
     return r
+
+
+def _float64_check(r, pristine, bs, modes) -> bool:
+    """Some models amplify float32 rounding step over step (BatchNorm over 2 images, where late stages normalize a
+    handful of values: LeViT's step-1 loss is 0.52 on cpu in float32 and 0.69 in float64, under AdamW and under
+    SGD alike): cpu's own float32 losses then drift from the same training in float64 by more than MATCH, and cpu
+    float32 is no reference for a second float32 implementation. The reference is cpu in float64, and the noise
+    band cpu float32's own spread: its losses from the same weights and from PERTURBED copies whose weights differ
+    by about one rounding (1e-7 relative). tpu matches when its first loss (before any update) is within MATCH of
+    cpu's and each mode's losses are no farther from float64's than FLOAT64_SLACK times the band's widest run."""
+    try:
+        r["cpu64"] = _train(copy.deepcopy(pristine).double(), bs, "cpu", dtype=torch.float64)
+        band = [_rel(r["cpu64"], r["cpu"])]
+        g = torch.Generator().manual_seed(0)
+        for _ in range(PERTURBED):
+            m = copy.deepcopy(pristine)
+            with torch.no_grad():
+                for p in m.parameters():
+                    if p.is_floating_point():
+                        p.mul_(1 + 1e-7 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            band.append(_rel(r["cpu64"], _train(m, bs, "cpu")))
+    except Exception as e:
+        r["cpu64_error"] = _error(e)
+        return False
+    r["cpu32_rel64"] = max(band)
+    r["cpu32_band"] = band
+    for m in modes:
+        r[m + "_rel64"] = _rel(r["cpu64"], r[m])
+    first = all(_rel(r["cpu"][:1], r[m][:1]) <= MATCH for m in modes)
+    bound = FLOAT64_SLACK * r["cpu32_rel64"]
+    return first and r["cpu32_rel64"] > MATCH and all(r[m + "_rel64"] <= bound for m in modes)
 
 
 # -- the sweep -------------------------------------------------------------------------------------------------
@@ -509,7 +545,9 @@ def table(rows) -> str:
         f"{len(rows)} architectures ({len(set(r['model_type'] for r in rows))} model types): "
         + ", ".join(f"{n} {s}" for s, n in counts.most_common())
         + f". Match: loss within {MATCH:g} relative of cpu's at each of {STEPS} AdamW steps, in eager mode and "
-        "compiled.",
+        "compiled. Match (float64): cpu's own float32 training drifts from float64's by more than that (from the same "
+        f"weights, or from {PERTURBED} copies perturbed by one rounding); the first loss matches cpu's and every "
+        f"loss is within {FLOAT64_SLACK:g}x the widest cpu float32 run's distance to float64's.",
         "",
         "| task | model type | class | params | status | eager vs cpu | compiled vs cpu | CPU fallbacks "
         "| graph breaks tpu / cpu | graphs op by op | note |",
@@ -522,6 +560,11 @@ def table(rows) -> str:
         note = r.get("error") or r.get("eager_error") or r.get("compiled_error") or ""
         if r["model_type"] in NOTES and r["status"] != "match":
             note = f"{NOTES[r['model_type']]}: {note}" if note else NOTES[r["model_type"]]
+        if r.get("cpu32_rel64") is not None:
+            note = (
+                f"vs cpu in float64: cpu float32 up to {r['cpu32_rel64']:.0e}, eager {r.get('eager_rel64', 0):.0e}, "
+                f"compiled {r.get('compiled_rel64', 0):.0e}; {note}".rstrip("; ")
+            )
         note = note.replace("|", "/")[:220]
         lines.append(
             f"| {r['task']} | {r['model_type']} | {r['class']} | {r.get('params', '-')} | {r['status']} "
@@ -538,7 +581,12 @@ def main():
     ap.add_argument("--task", default="", help="comma-separated tasks")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--out", default="hf_sweep.jsonl", help="rows are appended; rows already there are skipped")
+    ap.add_argument(
+        "--out",
+        default=DOC_ROWS,
+        help="rows are appended; rows already there are skipped (docs/zoo.jsonl holds the rows docs/zoo.md shows)",
+    )
+    ap.add_argument("--redo", action="store_true", help="run the --only / --task rows even where --out has them")
     ap.add_argument("--write", action="store_true", help="write the table from --out into docs/zoo.md")
     args = ap.parse_args()
     if args.one:
@@ -547,7 +595,7 @@ def main():
         return
     if not args.write:
         seen = set()
-        if os.path.exists(args.out):
+        if os.path.exists(args.out) and not args.redo:
             seen = {(r["task"], r["model_type"]) for r in map(json.loads, open(args.out))}
         only = set(filter(None, args.only.split(",")))
         tasks = set(filter(None, args.task.split(",")))
@@ -567,7 +615,7 @@ def main():
 
 
 def _write_doc(text):
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "zoo.md")
+    path = os.path.join(_DOCS, "zoo.md")
     head = open(path).read().split("<!-- sweep:begin -->")[0] if os.path.exists(path) else ""
     with open(path, "w") as f:
         f.write(head + "<!-- sweep:begin -->\n" + text + "<!-- sweep:end -->\n")
