@@ -55,11 +55,12 @@ class _Tiny(torch.nn.Module):
 
 def test_float64_check_refuses_a_drift_where_cpu_float32_is_a_good_reference():
     """The float64 fallback of the match rule is for models whose cpu float32 training is itself chaotic; on a
-    well-conditioned model cpu float32 sits on float64's losses, so a 1% drift is still "differs"."""
+    well-conditioned model cpu float32 sits on float64's losses, so a 1% drift in float32 is still "differs" though
+    tpu's float64 training matches cpu's."""
     torch.manual_seed(0)
     model = _Tiny()
     bs = [{"x": torch.randn(8, 4), "labels": torch.randint(0, 3, (8,))} for _ in range(hf_sweep.STEPS)]
     cpu = hf_sweep._train(hf_sweep.copy.deepcopy(model), bs, "cpu")
     r = {"cpu": cpu, "eager": cpu[:1] + [v * 1.01 for v in cpu[1:]], "compiled": list(cpu)}
     assert not hf_sweep._float64_check(r, model, bs, ("eager", "compiled"))
-    assert r["cpu32_rel64"] < 1e-5 and r["eager_rel64"] > 5e-3, r
+    assert r["cpu32_rel64"] < 1e-5 and r["eager64_rel"] < 1e-9 and r["compiled64_rel"] < 1e-9, r
