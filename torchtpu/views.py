@@ -153,5 +153,40 @@ def write_view(base: E.Value | None, storage_numel: int, dtype, sizes, strides, 
         start = E.const(fn, offset, torch.int64)
         new = E.dynamic_update_slice(flat, E.reshape(value, (n,)), [start])
     else:
-        new = E.scatter_flat(flat, flat_indices(fn, sizes, strides, offset), value)
+        new = _write_box(flat, sizes, strides, offset, value)
+        if new is None:
+            new = E.scatter_flat(flat, flat_indices(fn, sizes, strides, offset), value)
     return E.reshape(new, base.shape)
+
+
+def _write_box(flat: E.Value, sizes, strides, offset, value: E.Value) -> E.Value | None:
+    """Writing through a strided view without a scatter, where the view's dims ordered by stride nest (the box of
+    read_view): the value's dims are permuted into stride order and written into the box, a window of the storage
+    from the offset, by dynamic_update_slice. A permuted dense tensor (a transposed result written whole) is the
+    window itself. None where the view has no box (overlapping or broadcast elements): the caller scatters.
+    XLA runs a scatter element by element on CPU (a (8, 52, 32) transpose written as one took most of a decode
+    step), where a transpose and an update slice are copies."""
+    fn = flat.fn
+    if any(s > 1 and st == 0 for s, st in zip(sizes, strides)):
+        return None
+    dims = sorted((d for d in range(len(sizes)) if sizes[d] > 1), key=lambda d: -strides[d])
+    if not dims or any(
+        strides[a] % strides[b] != 0 or strides[a] < strides[b] * sizes[b] for a, b in zip(dims, dims[1:])
+    ):
+        return None
+    box = [sizes[dims[0]]] + [strides[a] // strides[b] for a, b in zip(dims, dims[1:])] + [strides[dims[-1]]]
+    span = math.prod(box)
+    kept = sorted(dims)
+    v = E.reshape(value, [sizes[d] for d in kept])
+    v = E.transpose(v, [kept.index(d) for d in dims])
+    v = E.reshape(v, [sizes[d] for d in dims] + [1])
+    m = flat.numel
+    if offset == 0 and span == m and v.numel == span:  # every element of the storage: the window is the value
+        return E.reshape(v, (m,))
+    padded = flat if offset + span <= m else E.pad(flat, E.const(fn, 0, flat.dtype), [0], [offset + span - m])
+    window = E.reshape(E.slice_(padded, [offset], [offset + span]), box)
+    zero = E.const(fn, 0, torch.int64)
+    window = E.dynamic_update_slice(window, v, [zero] * len(box))
+    start = E.const(fn, offset, torch.int64)
+    new = E.dynamic_update_slice(padded, E.reshape(window, (span,)), [start])
+    return new if new.numel == m else E.slice_(new, [0], [m])

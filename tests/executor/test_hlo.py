@@ -1,5 +1,6 @@
 """Emitted StableHLO checked as text for representative rules (no device involved)."""
 
+import pytest
 import torch
 
 from torchtpu import emit as E
@@ -68,6 +69,34 @@ def test_slice_write_is_dynamic_update_slice():
 
     text = _module(build)
     assert "stablehlo.dynamic_update_slice" in text and "stablehlo.scatter" not in text
+
+
+@pytest.mark.parametrize(
+    "sizes,strides,offset,numel",
+    [
+        ((8, 32, 52), (1664, 1, 32), 0, 13312),  # a transposed result written whole (SDPA's scaled key in decode)
+        ((4, 3), (1, 4), 0, 12),  # x.t()
+        ((2, 2), (1, 8), 1, 16),  # x[::2, 1::2].t() style: a strided box
+        ((3,), (5,), 0, 12),  # a diagonal: its box runs past the storage end
+    ],
+)
+def test_strided_write_is_update_slices_not_scatter(sizes, strides, offset, numel):
+    # XLA:CPU runs a scatter element by element; a view whose dims nest by stride is written as a transpose into
+    # a window of the storage and dynamic_update_slice
+    def build(fn):
+        base = fn.param((numel,), torch.float32)
+        return [S.write_view(base, numel, torch.float32, sizes, strides, offset, fn.param(sizes, torch.float32))]
+
+    text = _module(build)
+    assert "stablehlo.scatter" not in text
+
+
+def test_overlapping_write_still_scatters():
+    def build(fn):  # an expanded view (stride 0): elements alias, only a scatter says which write wins
+        base = fn.param((4,), torch.float32)
+        return [S.write_view(base, 4, torch.float32, (3, 4), (0, 1), 0, fn.param((3, 4), torch.float32))]
+
+    assert "stablehlo.scatter" in _module(build)
 
 
 def test_text_is_deterministic():

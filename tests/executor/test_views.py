@@ -72,6 +72,26 @@ def test_copy_into_view_from_cpu_and_tpu(name):
     assert_same(x, t)
 
 
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda x: x.view(2, 3, 4).permute(2, 0, 1),  # every element, permuted
+        lambda x: x[3:].view(3, 7)[:, 1:5].t(),  # a box from an offset
+        lambda x: x.view(4, 6)[1:, ::2].permute(1, 0),  # strided inside the box
+        lambda x: x[:20].view(4, 5).diagonal(),  # the box runs past the view's last row
+    ],
+)
+def test_writes_through_permuted_and_boxed_views(view):
+    x, t = torch.arange(24.0), torch.arange(24.0).to("tpu")
+    src = torch.randn(view(x).shape)
+    view(x).copy_(src)
+    view(t).copy_(src.to("tpu"))
+    assert_same(x, t)
+    view(x).mul_(3)
+    view(t).mul_(3)
+    assert_same(x, t)
+
+
 def test_out_variants_and_resize():
     a, b = torch.randn(3, 4), torch.randn(3, 4)
     out_c, out_t = torch.empty(0), torch.empty(0, device="tpu")
