@@ -89,6 +89,17 @@ def flat_indices(fn, sizes, strides, offset) -> E.Value:
     return idx
 
 
+def _box(sizes, strides):
+    """The dims that move (size > 1, stride != 0) ordered by stride, and the box they nest in: when each stride
+    divides the previous one with room for its dim, the view is a strided slice of the storage window reshaped to
+    `box` (its last entry the innermost stride). (dims, None) where the strides do not nest."""
+    dims = sorted((d for d in range(len(sizes)) if sizes[d] > 1 and strides[d] != 0), key=lambda d: -strides[d])
+    chain_ok = all(strides[a] % strides[b] == 0 and strides[a] >= strides[b] * sizes[b] for a, b in zip(dims, dims[1:]))
+    if not dims or not chain_ok:
+        return dims, None
+    return dims, [sizes[dims[0]]] + [strides[a] // strides[b] for a, b in zip(dims, dims[1:])] + [strides[dims[-1]]]
+
+
 def read_view(base: E.Value, sizes, strides, offset) -> E.Value:
     """Value of the strided view (sizes, strides, offset) over storage buffer `base`."""
     sizes, strides = list(sizes), list(strides)
@@ -102,12 +113,8 @@ def read_view(base: E.Value, sizes, strides, offset) -> E.Value:
     flat = E.reshape(base, (m,))
     if is_contiguous(sizes, strides):
         return E.reshape(E.slice_(flat, [offset], [offset + n]), sizes)
-    # Box method: keep dims that move (size > 1, stride != 0), ordered by stride; if each
-    # stride divides the previous one, the view is a strided slice of a reshaped window.
-    dims = sorted((d for d in range(len(sizes)) if sizes[d] > 1 and strides[d] != 0), key=lambda d: -strides[d])
-    chain_ok = all(strides[a] % strides[b] == 0 and strides[a] >= strides[b] * sizes[b] for a, b in zip(dims, dims[1:]))
-    if dims and chain_ok:
-        box = [sizes[dims[0]]] + [strides[a] // strides[b] for a, b in zip(dims, dims[1:])] + [strides[dims[-1]]]
+    dims, box = _box(sizes, strides)  # a strided slice of a reshaped window, where the strides nest
+    if box is not None:
         limits = [sizes[d] for d in dims] + [1]
         # The offset as coordinates of the box (mixed radix): when the view fits the box from there without a
         # carry, it is a plain slice of the storage's prefix reshaped to the box (q, k, v of one qkv buffer).
@@ -169,12 +176,9 @@ def _write_box(flat: E.Value, sizes, strides, offset, value: E.Value) -> E.Value
     fn = flat.fn
     if any(s > 1 and st == 0 for s, st in zip(sizes, strides)):
         return None
-    dims = sorted((d for d in range(len(sizes)) if sizes[d] > 1), key=lambda d: -strides[d])
-    if not dims or any(
-        strides[a] % strides[b] != 0 or strides[a] < strides[b] * sizes[b] for a, b in zip(dims, dims[1:])
-    ):
+    dims, box = _box(sizes, strides)
+    if box is None:
         return None
-    box = [sizes[dims[0]]] + [strides[a] // strides[b] for a, b in zip(dims, dims[1:])] + [strides[dims[-1]]]
     span = math.prod(box)
     kept = sorted(dims)
     v = E.reshape(value, [sizes[d] for d in kept])
