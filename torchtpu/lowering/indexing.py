@@ -193,24 +193,16 @@ def index_put(tr, x, indices, values, accumulate=False):
         vals = E.transpose(vals, order)
     else:
         vals = E.broadcast_to(vals, list(bshape) + rest_sizes)
-    if not accumulate and stacked.numel == k:
-        # one position (a static cache's new row: index_copy_ decomposes to this): an update in place of a window,
-        # where XLA:CPU would run a scatter value by value
-        starts = [E.reshape(E.slice_(stacked, [0] * nb + [j], [1] * nb + [j + 1]), ()) for j in range(k)]
-        zero = E.const(tr.fn, 0, torch.int64, ())
-        update = E.reshape(vals, [1] * k + rest_sizes)
-        out = E.dynamic_update_slice(xt, update, starts + [zero] * len(rest_sizes))
-    else:
-        out = E.scatter(
-            xt,
-            stacked,
-            vals,
-            update_window_dims=list(range(nb, nb + len(rest_sizes))),
-            inserted_window_dims=list(range(k)),
-            scatter_dims_to_operand_dims=list(range(k)),
-            index_vector_dim=nb,
-            combiner="stablehlo.add" if accumulate else None,
-        )
+    out = E.scatter(
+        xt,
+        stacked,
+        vals,
+        update_window_dims=list(range(nb, nb + len(rest_sizes))),
+        inserted_window_dims=list(range(k)),
+        scatter_dims_to_operand_dims=list(range(k)),
+        index_vector_dim=nb,
+        combiner="stablehlo.add" if accumulate else None,
+    )
     inv = [perm.index(d) for d in range(x.rank)]
     return E.transpose(out, inv)
 
