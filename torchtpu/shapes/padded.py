@@ -273,9 +273,7 @@ def compact_output(ctx, x: PT) -> torch.Tensor:
             rest, i_k = floor_divmod(rest, e, nrows)
         src = src + i_k * pstride
         pstride *= p
-    # a flat result of its own (clone: free in traced code; in a compiled graph's program its buffer is the flat
-    # storage a later bucketed call takes as it is, where a view of the (rows, row) gather would be copied anew)
-    return rows_at(x.t.reshape(-1), src, row).reshape(-1).clone()
+    return rows_at(x.t.reshape(-1), src, row).reshape(-1)
 
 
 def floor_divmod(r: torch.Tensor, e, bound: int):
