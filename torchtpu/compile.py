@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
-import math
 import os
 import warnings
 
@@ -342,7 +341,7 @@ def _flat_capacity(t, capacity):
         return torch.empty(capacity, dtype=t.dtype, device=t.device)
     whole = t.is_contiguous() and t.storage_offset() == 0
     if whole and t.untyped_storage().nbytes() == capacity * t.element_size():
-        if math.prod(vt[0]) == capacity and vt[1] == t.dtype:  # the program reads the storage's buffer, flattened
+        if tuple(vt[0]) == (capacity,) and vt[1] == t.dtype:  # the program reads the storage's buffer: the flat one
             return t.as_strided((capacity,), (1,), 0)
     host = torch.zeros(capacity, dtype=t.dtype)
     kept = executor.uploaded_values(t) if whole else None
