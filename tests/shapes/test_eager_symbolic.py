@@ -117,3 +117,48 @@ def test_hugging_face_mixtral_over_varying_lengths_lowers_nothing_new():
     import zoo
 
     _varlen_training(zoo.mixtral, (40, 50, 44, 61, 33), firsts=(50,))
+
+
+def test_varying_length_programs_move_whole_rows_and_divide_in_floating_point(monkeypatch):
+    """The program of an op on a `(B, L, H)` tensor reads its input and compacts its result as rows of H values (one
+    gather of rows, not one of single values), and the compaction unravels positions by L with a floating-point
+    division: XLA:CPU gathers single values and divides int64 values one at a time (the HF GPT-2 step's programs
+    ran 2-3x slower so)."""
+    import re
+
+    import torchtpu.cache
+
+    texts = []
+    compile_text = torchtpu.cache.get_or_compile
+
+    def spy(rt, text, device_index=0):
+        texts.append(text)
+        return compile_text(rt, text, device_index)
+
+    monkeypatch.setattr(torchtpu.cache, "get_or_compile", spy)
+    with torchtpu.mode("strict"):
+        for n in (37, 45, 50):  # from the second length on: the bucket 64
+            x = torch.randn(2, n, 24)
+            y = torch.tanh(x.to("tpu")) * 3
+            torch.testing.assert_close(y.cpu(), torch.tanh(x) * 3)
+    bucketed = [t for t in texts if "tensor<3072xf32>" in t]  # the storage of (2, 64, 24) floats, flat
+    assert bucketed, "no program at the bucket's capacity"
+    for text in bucketed:
+        gathers = re.findall(r"slice_sizes = array<i64: ([0-9, ]+)>", text)
+        assert gathers and all(g == "1, 24" for g in gathers), gathers
+        assert not re.search(r'"stablehlo\.(divide|remainder)"[^\n]*-> tensor<[0-9x]*xi64>', text)
+
+
+@pytest.mark.parametrize("f64", [True, False])
+def test_floor_divmod_through_floating_point_is_exact(monkeypatch, f64):
+    """floor_divmod's division in float64 (XLA:CPU) or float32 (TPUs, below 2^22) gives integer division's result
+    for every value up to its bound, for divisors that are sizes."""
+    from torchtpu.shapes import padded
+
+    monkeypatch.setattr(padded, "_has_f64", lambda: f64)
+    bound = 1 << 22
+    r = torch.arange(bound, dtype=torch.int64)
+    for e in (1, 2, 3, 7, 64, 97, 1000, 4093, 65537, bound - 1):
+        for div in (e, torch.tensor(e)):
+            q, m = padded.floor_divmod(r, div, bound)
+            assert torch.equal(q, r // e) and torch.equal(m, r % e), e

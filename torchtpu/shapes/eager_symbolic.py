@@ -23,6 +23,7 @@ in ``op_table.bucket_exact`` and ``eager_symbolic.declined.<op>`` (``TORCHTPU_BU
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -32,7 +33,7 @@ from .. import emit as E
 from ..errors import user_line
 from ..trace import FROM_RNG, FROM_SYM, INT, OutputSlot
 from . import interp, padded_trace
-from .padded import PT, Ctx, Sz, Unsupported, compact_output
+from .padded import PT, Ctx, Sz, Unsupported, compact_output, rows_at
 from .padded import plain as padded_plain
 
 EXACT = ("exact",)
@@ -427,35 +428,70 @@ def _whole(t, codes, capacity):
     return numel * t.element_size() == t.untyped_storage().nbytes()
 
 
-def _positions(ctx, sizes, strides, offset):
+def _positions(ctx, sizes, strides, offset, rows=False):
     """Per position of the padded layout of a view with those (symbolic) sizes, strides and offset: its index in
-    the flat storage (0 in the padding) and whether it is valid (None: all are)."""
+    the flat storage (0 in the padding) and whether it is valid (None: all are); returns (szs, padded, idx, mask,
+    row). rows: where the view's inner dims are whole rows of `row` values of the storage (_row_split), idx counts
+    rows and has the outer dims' shape and one more, the rows of the inner block (row 1: idx counts values)."""
+    import sympy
+
     szs = [ctx.size(e) for e in sizes]
     padded = [z.padded if isinstance(z, Sz) else z for z in szs]
+    j, row = _row_split(szs, strides, offset) if rows else (len(szs), 1)
 
     def rt(e):
-        return e if isinstance(e, int) else ctx._eval(e)
+        e = e // row if isinstance(e, int) else sympy.expand(e / row)
+        return int(e) if isinstance(e, int) or e.is_Integer else ctx._eval(e)
 
+    ishape = padded[:j] + ([math.prod(padded[j:]) // row] if j < len(szs) else [])
     idx = rt(offset)
+    for d in range(len(ishape)):
+        shape = [1] * len(ishape)
+        shape[d] = ishape[d]
+        idx = idx + ctx.iota(ishape[d]).view(shape) * (rt(strides[d]) if d < j else 1)
     mask = None
-    for d, (z, st) in enumerate(zip(szs, strides)):
-        shape = [1] * len(padded)
-        shape[d] = padded[d]
-        io = ctx.iota(padded[d]).view(shape)
-        idx = idx + io * rt(st)
+    for d, z in enumerate(szs):
         if isinstance(z, Sz):
-            m = io < z.rt
+            shape = [1] * len(padded)
+            shape[d] = padded[d]
+            m = ctx.iota(padded[d]).view(shape) < z.rt
             mask = m if mask is None else mask & m
-    idx = idx.expand(padded) if isinstance(idx, torch.Tensor) else ctx.iota(1).expand(padded) * 0 + idx
-    if mask is not None:
+    idx = idx.expand(ishape) if isinstance(idx, torch.Tensor) else ctx.iota(1).expand(ishape) * 0 + idx
+    if mask is not None and j == len(szs):
         idx = torch.where(mask, idx, 0)
-    return szs, padded, idx, mask
+    return szs, padded, idx, mask, row
+
+
+def _row_split(szs, strides, offset):
+    """(j, row): the view's dims from j on are static and contiguous (one block of values per outer position), and
+    `row` divides the block, every outer stride and the offset, so the view reads whole rows of `row` values of
+    the flat storage: one gather of rows, which XLA:CPU copies as runs, where a gather of single values costs
+    per value. (len(szs), 1) when it has no such block."""
+    import sympy
+
+    j, block = len(szs), 1
+    while j > 0 and isinstance(szs[j - 1], int) and isinstance(strides[j - 1], int) and strides[j - 1] == block:
+        block *= szs[j - 1]
+        j -= 1
+    if block <= 1:
+        return len(szs), 1
+    row = block
+    for e in list(strides[:j]) + [offset]:
+        if isinstance(e, int):
+            row = math.gcd(row, abs(e))
+        else:
+            coeffs = sympy.expand(e).as_coefficients_dict().values()
+            if not all(getattr(c, "is_Integer", False) for c in coeffs):
+                return len(szs), 1
+            for c in coeffs:
+                row = math.gcd(row, abs(int(c)))
+    return (j, row) if row > 1 else (len(szs), 1)
 
 
 def _write_padded(ctx, flat, sizes, strides, offset, value):
     """The flat storage with the valid values of padded tensor `value` written through the view (sizes, strides,
     offset); the padding's writes go to one extra position, dropped after."""
-    szs, padded, idx, mask = _positions(ctx, sizes, strides, offset)
+    szs, padded, idx, mask, _ = _positions(ctx, sizes, strides, offset)
     if tuple(value.t.shape) != tuple(padded) or any(
         len(f) != 1 or (f[0][1] is None) != (not isinstance(z, Sz)) for f, z in zip(value.dims, szs)
     ):
@@ -470,8 +506,8 @@ def _write_padded(ctx, flat, sizes, strides, offset, value):
 def _read_padded(ctx, flat, sizes, strides, offset):
     """The tensor of those (symbolic) sizes, strides and offset over a compact flat storage, in the padded layout
     of the interpreter (each dim of size n at its bucket's P: the valid values first, the padding zero)."""
-    szs, padded, idx, mask = _positions(ctx, sizes, strides, offset)
-    vals = flat[idx.reshape(-1)].view(padded)
+    szs, padded, idx, mask, row = _positions(ctx, sizes, strides, offset, rows=True)
+    vals = (flat[idx.reshape(-1)] if row == 1 else rows_at(flat, idx, row)).view(padded)
     if mask is not None:
         vals = torch.where(mask, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
     return PT(vals, [((z.padded, z),) if isinstance(z, Sz) else ((z, None),) for z in szs])
