@@ -57,7 +57,12 @@ F32_MATMUL_PASSES = 3
 # Vector (non-matmul) work: the VPU's rate is taken as 1/16 of the bfloat16 matmul peak (a model, not a spec).
 VPU_FRACTION = 1 / 16
 SMALL_OP_US = 1.0  # ops modelled below this cannot amortize a program launch / kernel prologue
-_MATMULS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "addbmm", "_scaled_dot_product_attention_math"}
+# attention (csrc/aten/attention.cpp): (index of q, matmuls of (B*heads, Lq, E) x (E, Lk) sizes): scores and output
+# forward; the backward recomputes the scores and takes four more (value, probability, query and key gradients)
+_ATTENTION = {
+    "_scaled_dot_product_fused_attention_overrideable": (0, 2),
+    "_scaled_dot_product_fused_attention_overrideable_backward": (1, 5),
+}
 _CONVS = {"convolution", "convolution_backward"}
 _METADATA = {
     "detach",
@@ -126,6 +131,12 @@ def _model(op: Op, args, out) -> None:
             batch, m, k = a.shape[-3:]
             n = b.shape[-1]
         op.kind, op.dims, op.flops = "matmul", (batch, m, k, n), 2.0 * batch * m * k * n
+    elif base in _ATTENTION and len(tensors) >= 3:
+        first, matmuls = _ATTENTION[base]
+        q, k = tensors[first], tensors[first + 1]
+        batch = math.prod(q.shape[:-2])
+        (lq, e), lk = q.shape[-2:], k.shape[-2]
+        op.kind, op.dims, op.flops = "matmul", (batch, lq, e, lk), 2.0 * matmuls * batch * lq * e * lk
     elif base in _CONVS and len(tensors) >= 2:
         o = outs[0] if outs else None
         w = tensors[1] if base == "convolution" else tensors[2]

@@ -434,6 +434,9 @@ def _collect():
         if inplace:
             k[inplace] = ("inplace", name, rule, None)
     for name, rule in RULES.items():
+        if "::" in name:  # an op of torchtpu's own (lowering/attention.py): no in-place or out= forms
+            k[name] = ("functional", name, rule, None)
+            continue
         out_args = [a.name for a in overload(name)._schema.arguments if a.is_out]
         if out_args:  # an out-only op
             k[name] = ("out", name, rule, out_args)

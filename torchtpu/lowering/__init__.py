@@ -4,6 +4,6 @@
 # isort: off
 from . import conv, copy, creation, distance, elementwise, embedding, indexing, matmul, nn  # noqa: F401
 from . import pool, random, reduction, scan, complex, ctc, grid_sample, linalg, margin, optim  # noqa: F401
-from . import order, pad, segment, special, upsample, asserts  # noqa: F401
+from . import order, pad, segment, special, upsample, asserts, attention  # noqa: F401
 from . import foreach  # noqa: F401  (last: generated from the element rules above)
 # isort: on

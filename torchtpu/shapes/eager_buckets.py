@@ -104,9 +104,9 @@ def note_lowering(name, values) -> None:
     i, d, v, (sizes, periods, _) = changed
     if periods >= VARYING_AFTER and not _warned_varying:
         _warned_varying.append(name)
-
+        op = name if "::" in name else f"aten::{name}"  # torchtpu's own ops name their namespace
         warnings.warn(
-            f"torchtpu: aten::{name} was lowered for {len(sizes)} sizes of dim {d} of its argument {i}, new ones in "
+            f"torchtpu: {op} was lowered for {len(sizes)} sizes of dim {d} of its argument {i}, new ones in "
             f"{periods} steps ({describe(v)}; sizes {sorted(sizes)[:8]}...), the rest equal, at {user_line()}; each "
             "new size compiles the programs that hold it. The eager modes bucket data-dependent counts (nonzero, "
             "masks) and uploads whose batch size or length varies, but this op ran at its exact sizes "

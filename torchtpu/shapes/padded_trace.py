@@ -68,7 +68,8 @@ class Tracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops += 1
-        name = func.name().split("::")[-1]
+        qual = func.name()
+        name = qual.split("::")[-1]
         if name in ("lift_fresh", "lift_fresh_copy", "detach", "alias") and args[0].device.type == "meta":
             return func(*args, **kwargs) if name != "lift_fresh_copy" else args[0]
         if name in ("_unsafe_view", "clone", "contiguous", "reshape", "_reshape_copy", "view_copy"):
@@ -106,7 +107,8 @@ class Tracer(TorchDispatchMode):
         factory = _FACTORIES.get(name)
         if factory is not None:
             return factory(self, *args, **kwargs)
-        key = name if name in kernels.KERNELS else name + ".default"
+        key = name if qual.startswith("aten::") else qual  # torchtpu's own ops (torchtpu_attn::sdpa) keep theirs
+        key = key if key in kernels.KERNELS else key + ".default"
         info = kernels.KERNELS.get(key)
         if info is not None and info[0] == "functional":
             return self._rule(func, info[2], args, kwargs)
@@ -120,7 +122,7 @@ class Tracer(TorchDispatchMode):
         if decomp is not None:
             with self:  # its ops through the tracer again (a mode is off inside its own dispatch)
                 return decomp(*args, **kwargs)
-        raise NotTraceable(f"aten::{name} has no rule")
+        raise NotTraceable(f"{qual} has no rule")
 
     def _write(self, t, value):
         """Writes value through traced tensor t's view into its storage's flat Value (every alias sees it)."""
