@@ -10,11 +10,14 @@ loss difference to cpu. The machines are shared and noisy: read the ratios, not 
 loops also run compiled (torch.compile(backend="tpu", dynamic=True), strict mode): there its sizes are bucketed
 (torchtpu/shapes), one program per bucket; the lengths' power-of-two buckets are printed with it. The eager
 modes bucket the varying length too (torchtpu/shapes/eager_symbolic.py); their "exact sizes" rows are the before.
+`--math-attention` adds, per eager mode, a row with PyTorch's math attention path (`sdpa_kernel([SDPBackend.MATH])`,
+~19 ops a call) instead of torchtpu's one attention op each way (csrc/aten/attention.cpp): that op's before.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -58,6 +61,14 @@ def main():
         action="store_false",
         help="skip the torch.compile(dynamic=True) row of the varying-length loop",
     )
+    ap.add_argument(
+        "--no-exact", dest="exact", action="store_false", help="skip the eager modes' exact-sizes rows (the before)"
+    )
+    ap.add_argument(
+        "--math-attention",
+        action="store_true",
+        help="also run each eager mode with PyTorch's math attention (the before of torchtpu's attention op)",
+    )
     ap.add_argument("models", nargs="*", default=ROWS)
     args = ap.parse_args()
     print(f"torchtpu on {torch.tpu.get_device_name()}, {args.steps} AdamW steps per model and mode\n")
@@ -69,8 +80,9 @@ def main():
     for name in args.models:
         eager = args.modes.split(",")
         modes = (
-            ([f"{m}, exact sizes" for m in eager] if name in ROUTED else [])
+            ([f"{m}, exact sizes" for m in eager] if name in ROUTED and args.exact else [])
             + eager
+            + ([f"{m}, math attention" for m in eager] if args.math_attention else [])
             + (["compiled, exact sizes", "compiled"] if name in COMPILED and args.compiled else [])
         )
         for mode in modes:
@@ -79,7 +91,12 @@ def main():
             torchtpu._C._clear_chunk_cache()
             compiled = mode.startswith("compiled")
             torchtpu.set_shape_buckets(None if mode.endswith("exact sizes") else "pow2")  # before / after
-            with torchtpu.mode("strict" if compiled else mode.split(",")[0]):
+            attention = contextlib.nullcontext()
+            if mode.endswith("math attention"):
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                attention = sdpa_kernel([SDPBackend.MATH])
+            with torchtpu.mode("strict" if compiled else mode.split(",")[0]), attention:
                 r = zoo.side_by_side(name, steps=args.steps, compiled=compiled)
             torchtpu.set_shape_buckets("pow2")
             cpu_t = statistics.median(r["cpu"]["times"][2:])

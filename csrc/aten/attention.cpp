@@ -17,9 +17,12 @@ namespace torchtpu {
 namespace {
 
 bool traced(const at::Tensor& t) {
-  // fake or functional tensors (torch.compile, AOTAutograd): the math decomposition gives XLA the whole graph
+  // fake or functional tensors (torch.compile, AOTAutograd): the math decomposition gives XLA the whole graph;
+  // torch.func's wrappers (vmap has no batching rule for the overrideable op; grad's levels): its ops have them
   const auto ks = t.key_set();
-  return ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize);
+  return ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize) ||
+         ks.has(c10::DispatchKey::FuncTorchBatched) || ks.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+         ks.has(c10::DispatchKey::BatchedNestedTensor);
 }
 
 bool floating(const at::Tensor& t) {

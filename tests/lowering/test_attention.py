@@ -116,3 +116,16 @@ def test_bad_shapes_raise_as_on_cpu():
     q, k = torch.randn(2, 4, 4, 8, device="tpu"), torch.randn(2, 4, 4, 7, device="tpu")  # head dims differ
     with pytest.raises(RuntimeError, match=r"bmm\(float32\[8, 4, 8\] on tpu:0, float32\[8, 7, 4\]"):
         F.scaled_dot_product_attention(q, k, k)
+
+
+def test_torch_func_transforms_take_the_math_path_and_match():
+    """vmap has no batching rule for PyTorch's overrideable attention op: under torch.func the math path runs."""
+    torch.manual_seed(0)
+    qs, k, v = torch.randn(3, 2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)
+
+    def f(q):
+        return F.scaled_dot_product_attention(q, k.to(q.device), v.to(q.device), is_causal=True)
+
+    torch.testing.assert_close(torch.vmap(f)(qs.to("tpu")).cpu(), torch.vmap(f)(qs), rtol=1e-5, atol=1e-5)
+    grad = torch.func.grad(lambda q: f(q).sum())
+    torch.testing.assert_close(grad(qs[0].to("tpu")).cpu(), grad(qs[0]), rtol=1e-5, atol=1e-5)
