@@ -452,51 +452,32 @@ def _sdpa_cpu_backward(node, args, kwargs, ctx):
     return PT(gq, q.dims), PT(gk, k.dims), PT(gv, v.dims)
 
 
-def _tpu_attention(args, kwargs, names):
-    """torchtpu_attn's ops take their arguments by position: (tensors..., attn_mask, is_causal, scale)."""
-    vals = list(args) + [kwargs[n] for n in names[len(args) :]]
-    return dict(zip(names, vals))
-
-
-_SDPA_ARGS = ("q", "k", "v", "attn_mask", "is_causal", "scale")
-_SDPA_BACKWARD_ARGS = ("grad", "q", "k", "v", "attn_mask", "out", "logsumexp", "is_causal", "scale")
+def _tpu_attention(node, args, kwargs, ctx, names):
+    """torchtpu_attn's ops take their arguments by position: (tensors..., attn_mask, is_causal, scale). Returns them
+    by name with every tensor's padding filled with 0 (q scaled first where the scale follows a padded size), the
+    mask and scale to call the op with, and that factor (None: none)."""
+    a = dict(zip(names, list(args) + [kwargs[n] for n in names[len(args) :]]))
+    q, k, causal = a["q"], a["k"], a["is_causal"]
+    kw, factor = _attention_args(ctx, node, q, k, causal, {"attn_mask": a["attn_mask"], "scale": a["scale"]})
+    filled = {n: fill_padding(ctx, t, 0) for n, t in a.items() if isinstance(t, PT) and n != "attn_mask"}
+    if factor is not None:
+        filled["q"] = filled["q"] * factor
+    return a, filled, kw.get("attn_mask"), kw.get("scale"), factor
 
 
 @handles(torch.ops.torchtpu_attn.sdpa.default)
 def _sdpa_tpu(node, args, kwargs, ctx):
-    a = _tpu_attention(args, kwargs, _SDPA_ARGS)
-    q, k, v, causal = a["q"], a["k"], a["v"], a["is_causal"]
-    kw, factor = _attention_args(ctx, node, q, k, causal, {"attn_mask": a["attn_mask"], "scale": a["scale"]})
-    qt = fill_padding(ctx, q, 0)
-    out, lse = node.target(
-        qt if factor is None else qt * factor,
-        fill_padding(ctx, k, 0),
-        fill_padding(ctx, v, 0),
-        kw.get("attn_mask"),
-        causal,
-        kw.get("scale"),
-    )
-    return PT(out, list(q.dims[:-1]) + [v.dims[-1]]), PT(lse, list(q.dims[:-1]))
+    a, f, mask, scale, _ = _tpu_attention(node, args, kwargs, ctx, ("q", "k", "v", "attn_mask", "is_causal", "scale"))
+    out, lse = node.target(f["q"], f["k"], f["v"], mask, a["is_causal"], scale)
+    return PT(out, list(a["q"].dims[:-1]) + [a["v"].dims[-1]]), PT(lse, list(a["q"].dims[:-1]))
 
 
 @handles(torch.ops.torchtpu_attn.sdpa_backward.default)
 def _sdpa_tpu_backward(node, args, kwargs, ctx):
-    a = _tpu_attention(args, kwargs, _SDPA_BACKWARD_ARGS)
-    q, k, v, causal = a["q"], a["k"], a["v"], a["is_causal"]
-    kw, factor = _attention_args(ctx, node, q, k, causal, {"attn_mask": a["attn_mask"], "scale": a["scale"]})
-    qt = fill_padding(ctx, q, 0)
+    names = ("grad", "q", "k", "v", "attn_mask", "out", "logsumexp", "is_causal", "scale")
+    a, f, mask, scale, factor = _tpu_attention(node, args, kwargs, ctx, names)
     # the padding's queries get zero gradients: their probabilities then add nothing to the keys' and values'
-    gq, gk, gv = node.target(
-        fill_padding(ctx, a["grad"], 0),
-        qt if factor is None else qt * factor,
-        fill_padding(ctx, k, 0),
-        fill_padding(ctx, v, 0),
-        kw.get("attn_mask"),
-        fill_padding(ctx, a["out"], 0),
-        fill_padding(ctx, a["logsumexp"], 0),
-        causal,
-        kw.get("scale"),
-    )
+    gq, gk, gv = node.target(f["grad"], f["q"], f["k"], f["v"], mask, f["out"], f["logsumexp"], a["is_causal"], scale)
     if factor is not None:
         gq = gq * factor
-    return PT(gq, q.dims), PT(gk, k.dims), PT(gv, v.dims)
+    return PT(gq, a["q"].dims), PT(gk, a["k"].dims), PT(gv, a["v"].dims)
