@@ -91,6 +91,7 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchtpu::choose)
 }  // namespace at::native
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_sdp_choice", TORCH_FN(torchtpu::choose));  // the stub's answer, asked as an op (no CPU fallback)
   m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(torchtpu::sdpa));
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(torchtpu::sdpa_backward));
 }

@@ -129,3 +129,11 @@ def test_torch_func_transforms_take_the_math_path_and_match():
     torch.testing.assert_close(torch.vmap(f)(qs.to("tpu")).cpu(), torch.vmap(f)(qs), rtol=1e-5, atol=1e-5)
     grad = torch.func.grad(lambda q: f(q).sum())
     torch.testing.assert_close(grad(qs[0].to("tpu")).cpu(), grad(qs[0]), rtol=1e-5, atol=1e-5)
+
+
+def test_the_backend_choice_asked_as_an_op_is_tpus():
+    q = torch.randn(1, 2, 4, 8, device="tpu")
+    torchtpu.metrics.reset()
+    assert torch._fused_sdp_choice(q, q, q) == SDPBackend.OVERRIDEABLE.value
+    assert torch._fused_sdp_choice(q, q, q, dropout_p=0.5) == SDPBackend.MATH.value
+    assert not any(k.startswith("fallback.") for k in torchtpu.metrics.counters())
