@@ -1,6 +1,7 @@
 """F.scaled_dot_product_attention on tpu: one op forward and one backward (csrc/aten/attention.cpp,
 torchtpu/lowering/attention.py) where PyTorch's math path is ~19 ops, the same values and gradients as cpu, and the
-math path wherever the fused op does not apply (dropout, a mask that requires grad, 3-D inputs, sdpa_kernel)."""
+math path wherever the fused op does not apply (a mask that requires grad, 3-D inputs, sdpa_kernel, torch.func).
+Dropout draws from the tpu generator inside the op (the backward draws the same mask again)."""
 
 import pytest
 import torch
@@ -62,14 +63,12 @@ def test_attention_is_one_op_each_way_and_matches_cpu(heads, kv_heads, lq, lk, m
     assert not any(k.startswith("fallback.") for k in c), c
 
 
-@pytest.mark.parametrize("why", ["dropout", "mask_requires_grad", "three_dims", "sdpa_kernel_math"])
+@pytest.mark.parametrize("why", ["mask_requires_grad", "three_dims", "sdpa_kernel_math"])
 def test_the_math_path_where_the_fused_op_does_not_apply(why):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
-    kw, mask, ctx = {}, None, sdpa_kernel([SDPBackend.MATH, SDPBackend.OVERRIDEABLE])
-    if why == "dropout":
-        kw = dict(dropout_p=0.5)
-    elif why == "mask_requires_grad":
+    mask, ctx = None, sdpa_kernel([SDPBackend.MATH, SDPBackend.OVERRIDEABLE])
+    if why == "mask_requires_grad":
         mask = torch.randn(6, 6).to("tpu").requires_grad_()
     elif why == "three_dims":
         q, k, v = q[0], k[0], v[0]
@@ -78,13 +77,12 @@ def test_the_math_path_where_the_fused_op_does_not_apply(why):
     qt, kt, vt = (x.to("tpu").requires_grad_() for x in (q, k, v))
     torchtpu.metrics.reset()
     with ctx:
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, **kw)
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
     out.sum().backward()
     c = torchtpu.metrics.counters()
     assert FUSED not in c and FUSED_BWD not in c, c
-    if why != "dropout":
-        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.detach().cpu())
-        torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.detach().cpu())
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
     if why == "mask_requires_grad":
         assert mask.grad is not None and mask.grad.shape == (6, 6)
 
@@ -135,5 +133,43 @@ def test_the_backend_choice_asked_as_an_op_is_tpus():
     q = torch.randn(1, 2, 4, 8, device="tpu")
     torchtpu.metrics.reset()
     assert torch._fused_sdp_choice(q, q, q) == SDPBackend.OVERRIDEABLE.value
-    assert torch._fused_sdp_choice(q, q, q, dropout_p=0.5) == SDPBackend.MATH.value
+    assert torch._fused_sdp_choice(q, q, q, dropout_p=0.5) == SDPBackend.OVERRIDEABLE.value
+    assert torch._fused_sdp_choice(q[0], q[0], q[0]) == SDPBackend.MATH.value  # 3-D
     assert not any(k.startswith("fallback.") for k in torchtpu.metrics.counters())
+
+
+def test_dropout_drops_a_fraction_p_reproducibly_and_its_gradient_is_the_forwards():
+    """Uniform attention over one-hot values shows the dropped probabilities; the gradient (the backward draws the
+    forward's mask again from the Philox state in philox_seed) matches finite differences of the same draw."""
+    s, p = 16, 0.25
+    q = torch.zeros(2, 4, s, s, device="tpu")
+    v = torch.eye(s).expand(2, 4, s, s).contiguous().to("tpu")
+    torch.tpu.manual_seed(0)
+    torchtpu.metrics.reset()
+    out = F.scaled_dot_product_attention(q, q, v, dropout_p=p).cpu()
+    assert torchtpu.metrics.counters().get(FUSED) == 1
+    dropped = (out == 0).float().mean().item()
+    assert abs(dropped - p) < 0.05, dropped  # 2048 draws: 5 standard deviations is 0.048
+    assert torch.allclose(out[out != 0], torch.tensor(1 / s / (1 - p)))
+    torch.tpu.manual_seed(0)
+    assert torch.equal(F.scaled_dot_product_attention(q, q, v, dropout_p=p).cpu(), out)
+    assert not torch.equal(F.scaled_dot_product_attention(q, q, v, dropout_p=p).cpu(), out)
+
+    torch.manual_seed(1)
+    args = [torch.randn(1, 2, 5, 4, dtype=torch.float64) for _ in range(3)]
+
+    def f(*xs):
+        torch.tpu.manual_seed(3)
+        return F.scaled_dot_product_attention(*xs, dropout_p=0.4, is_causal=True)
+
+    leaves = [x.to("tpu").requires_grad_() for x in args]
+    out = f(*leaves)
+    g = torch.randn(out.shape, dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, g.to("tpu"))
+    eps = 1e-6
+    for i, grad in enumerate(grads):
+        d = torch.randn_like(args[i])
+        plus = [x.to("tpu") + (eps * d.to("tpu") if j == i else 0) for j, x in enumerate(args)]
+        minus = [x.to("tpu") - (eps * d.to("tpu") if j == i else 0) for j, x in enumerate(args)]
+        numeric = ((f(*plus) - f(*minus)).cpu() * g).sum() / (2 * eps)
+        torch.testing.assert_close((grad.cpu() * d).sum(), numeric, rtol=1e-6, atol=1e-8)

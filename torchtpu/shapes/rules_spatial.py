@@ -467,17 +467,24 @@ def _tpu_attention(node, args, kwargs, ctx, names):
 
 @handles(torch.ops.torchtpu_attn.sdpa.default)
 def _sdpa_tpu(node, args, kwargs, ctx):
-    a, f, mask, scale, _ = _tpu_attention(node, args, kwargs, ctx, ("q", "k", "v", "attn_mask", "is_causal", "scale"))
-    out, lse = node.target(f["q"], f["k"], f["v"], mask, a["is_causal"], scale)
-    return PT(out, list(a["q"].dims[:-1]) + [a["v"].dims[-1]]), PT(lse, list(a["q"].dims[:-1]))
+    names = ("q", "k", "v", "attn_mask", "is_causal", "scale", "dropout_p")
+    a, f, mask, scale, _ = _tpu_attention(node, args, kwargs, ctx, names)
+    if a["dropout_p"]:
+        raise Unsupported("attention dropout (its random draws would follow the padded size)")
+    out, lse, rng = node.target(f["q"], f["k"], f["v"], mask, a["is_causal"], scale, 0.0)
+    return PT(out, list(a["q"].dims[:-1]) + [a["v"].dims[-1]]), PT(lse, list(a["q"].dims[:-1])), plain(rng)
 
 
 @handles(torch.ops.torchtpu_attn.sdpa_backward.default)
 def _sdpa_tpu_backward(node, args, kwargs, ctx):
-    names = ("grad", "q", "k", "v", "attn_mask", "out", "logsumexp", "is_causal", "scale")
+    names = ("grad", "q", "k", "v", "attn_mask", "out", "logsumexp", "is_causal", "scale", "dropout_p", "rng_state")
     a, f, mask, scale, factor = _tpu_attention(node, args, kwargs, ctx, names)
+    if a["dropout_p"]:
+        raise Unsupported("attention dropout (its random draws would follow the padded size)")
     # the padding's queries get zero gradients: their probabilities then add nothing to the keys' and values'
-    gq, gk, gv = node.target(f["grad"], f["q"], f["k"], f["v"], mask, f["out"], f["logsumexp"], a["is_causal"], scale)
+    gq, gk, gv = node.target(
+        f["grad"], f["q"], f["k"], f["v"], mask, f["out"], f["logsumexp"], a["is_causal"], scale, 0.0, f["rng_state"]
+    )
     if factor is not None:
         gq = gq * factor
     return PT(gq, a["q"].dims), PT(gk, a["k"].dims), PT(gv, a["v"].dims)
