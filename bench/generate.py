@@ -12,10 +12,13 @@ Rows (each in its own process with an empty TORCHTPU_CACHE_DIR, so "first call" 
   (forward, argmax, cache update; ``torch.compile(backend="tpu")`` on tpu, one ``jax.jit`` in JAX, bench/jax_llama.py)
   and one host read per token, as in Hugging Face's loop.
 ms per token = (time of ``--long`` new tokens - time of ``--short``) / (long - short), best of 3 rounds, so the
-prompt's prefill cancels. "first call" is the first ``--long`` generation of a cold process (compiles included).
-Programs (XLA executions) and host syncs are per generated token, the long call's counts less the short one's
-(torchtpu.metrics); compiles are those of the timed calls, after the first two (0: nothing compiles again).
-The machines are shared and noisy: read the ratios, measured in the same run.
+prompt's prefill cancels. The tpu decode loop's row also times the JAX loop in its own process, alternating with
+it round by round, and its "/ JAX loop" is to that figure: the machine's speed drifts between the rows' processes
+(the JAX row alone has measured 1.19 and 2.7 ms per token minutes apart). "first call" is the first ``--long``
+generation of a cold process (compiles included). Programs (XLA executions) and host syncs are per generated
+token, the long call's counts less the short one's (torchtpu.metrics); compiles are those of the timed calls,
+after the first two (0: nothing compiles again). The machines are shared and noisy: read the ratios,
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -152,7 +155,12 @@ def measure(name, args):
         tokens = run(args.long)
         first = time.perf_counter() - t0
         run(args.short)
+        # the tpu decode loop's JAX reference, timed in the same rounds (the machine's speed drifts between processes)
+        jax_run = jax_loop(build(), prompt_ids(args.prompt), args.prompt + args.long) if name == "loop-tpu" else None
+        if jax_run is not None:
+            jax_run(args.long)
         best = {args.short: float("inf"), args.long: float("inf")}
+        jax_best = dict(best)
         seen = {}
         for _ in range(3):
             for n in (args.short, args.long):
@@ -163,6 +171,10 @@ def measure(name, args):
                 best[n] = min(best[n], time.perf_counter() - t0)
                 if device == "tpu":
                     seen[n] = metrics.counters()
+                if jax_run is not None:
+                    t0 = time.perf_counter()
+                    jax_run(n)
+                    jax_best[n] = min(jax_best[n], time.perf_counter() - t0)
         per_gen = {}
         if device == "tpu":  # per generated token: the long run's counts less the short run's
             a, b = seen[args.short], seen[args.long]
@@ -173,7 +185,10 @@ def measure(name, args):
                 "compiles": sum(c.get("compiles", 0) for c in (a, b)),
                 "fallbacks": sum(v for c in (a, b) for k, v in c.items() if k.startswith("fallback.")),
             }
-    ms = (best[args.long] - best[args.short]) / (args.long - args.short) * 1e3
+    span = (args.long - args.short) / 1e3
+    ms = (best[args.long] - best[args.short]) / span
+    if jax_run is not None:
+        per_gen["jax_ms"] = (jax_best[args.long] - jax_best[args.short]) / span
     return dict(first=first, ms=ms, tokens=tokens.tolist(), **per_gen)
 
 
@@ -231,6 +246,8 @@ def render(results, args):
         label = ROWS[name][3]
         ratio_cpu = f"{r['ms'] / cpu:.2f}x" if cpu else "-"
         ratio_jax = f"{r['ms'] / jax_ms:.2f}x" if jax_ms else "-"
+        if "jax_ms" in r:  # its own JAX reference, timed in the same process and rounds
+            ratio_jax = f"{r['ms'] / r['jax_ms']:.2f}x (JAX {r['jax_ms']:.2f} ms in the same rounds)"
         prog = f"{r['programs']:.1f}" if "programs" in r else "-"
         syncs = f"{r['syncs']:.1f}" if "syncs" in r else "-"
         comp = str(r["compiles"]) if "compiles" in r else "-"

@@ -53,8 +53,9 @@ def make_decoder(config, max_len):
             k = (h @ p[pre + "self_attn.k_proj.weight"].T).reshape(b, t, kv_heads, hd).transpose(0, 2, 1, 3)
             v = (h @ p[pre + "self_attn.v_proj.weight"].T).reshape(b, t, kv_heads, hd).transpose(0, 2, 1, 3)
             q, k = rope(q, pos), rope(k, pos)
-            keys = jax.lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), (i, 0, 0, pos[0], 0))
-            values = jax.lax.dynamic_update_slice(values, v[None].astype(values.dtype), (i, 0, 0, pos[0], 0))
+            at = (np.int32(i), np.int32(0), np.int32(0), pos[0].astype(jnp.int32), np.int32(0))  # int32 under x64 too
+            keys = jax.lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), at)
+            values = jax.lax.dynamic_update_slice(values, v[None].astype(values.dtype), at)
             kk = jnp.repeat(keys[i], heads // kv_heads, axis=1)
             vv = jnp.repeat(values[i], heads // kv_heads, axis=1)
             s = (q @ kk.transpose(0, 1, 3, 2)) / np.sqrt(hd)
