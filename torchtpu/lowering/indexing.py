@@ -136,8 +136,11 @@ def scatter_add(tr, x, dim, index, src):
 
 
 def _advanced(tr, x, indices):
-    """Normalizes x[indices] (a list with None for full slices) into one gather/scatter layout:
-    x is transposed so the indexed dims come first; returns (xt, perm, idx (B..., k), k, rest dims)."""
+    """Normalizes x[indices] (indices: a list, None for a full slice, possibly shorter than x's dims) into the one
+    layout gather and scatter share: x transposed so the k indexed dims come first. Returns (xt, perm, k, stacked
+    indices (bshape + [k]), bshape, the remaining dims' sizes, p0): p0 is where torch puts the broadcast dims in
+    x[indices], the first indexed dim when the indexed dims are adjacent and not leading; else None (they lead)."""
+    indices = list(indices) + [None] * (x.rank - len(indices))
     pos = [d for d, i in enumerate(indices) if i is not None]
     rest = [d for d in range(x.rank) if d not in pos]
     perm = pos + rest
@@ -146,15 +149,15 @@ def _advanced(tr, x, indices):
     bshape = E.broadcast_shapes(*[i.shape for i in idx])
     idx = [E.reshape(E.broadcast_to(i, bshape), list(bshape) + [1]) for i in idx]
     stacked = E.concatenate(idx, len(bshape))
-    return xt, perm, pos, stacked, bshape
+    k = len(pos)
+    adjacent = pos == list(range(pos[0], pos[0] + k))
+    p0 = pos[0] if adjacent and pos[0] > 0 else None
+    return xt, perm, k, stacked, list(bshape), list(xt.shape[k:]), p0
 
 
 @lowering("index.Tensor")
 def index(tr, x, indices):
-    indices = list(indices) + [None] * (x.rank - len(indices))
-    xt, perm, pos, stacked, bshape = _advanced(tr, x, indices)
-    k = len(pos)
-    rest_sizes = list(xt.shape[k:])
+    xt, perm, k, stacked, bshape, rest_sizes, p0 = _advanced(tr, x, indices)
     nb = len(bshape)
     g = E.gather(
         xt,
@@ -164,12 +167,9 @@ def index(tr, x, indices):
         start_index_map=list(range(k)),
         index_vector_dim=nb,
         slice_sizes=[1] * k + rest_sizes,
-        out_shape=list(bshape) + rest_sizes,
+        out_shape=bshape + rest_sizes,
     )
-    # torch puts the broadcast dims where the first indexed dim was when indexed dims are adjacent.
-    adjacent = pos == list(range(pos[0], pos[0] + k))
-    if adjacent and pos[0] > 0:
-        p0 = pos[0]
+    if p0 is not None:  # the broadcast dims go where the first indexed dim was
         order = list(range(nb, nb + p0)) + list(range(nb)) + list(range(nb + p0, nb + len(rest_sizes)))
         g = E.transpose(g, order)
     return g
@@ -177,22 +177,17 @@ def index(tr, x, indices):
 
 @lowering("index_put")
 def index_put(tr, x, indices, values, accumulate=False):
-    indices = list(indices) + [None] * (x.rank - len(indices))
-    xt, perm, pos, stacked, bshape = _advanced(tr, x, indices)
-    k = len(pos)
-    rest_sizes = list(xt.shape[k:])
+    xt, perm, k, stacked, bshape, rest_sizes, p0 = _advanced(tr, x, indices)
     nb = len(bshape)
     vals = E.convert(values, x.dtype)
     # values are given in the result layout of x[indices]; bring them to (bshape + rest).
-    adjacent = pos == list(range(pos[0], pos[0] + k))
-    if adjacent and pos[0] > 0:
-        p0 = pos[0]
-        full = rest_sizes[:p0] + list(bshape) + rest_sizes[p0:]
+    if p0 is not None:
+        full = rest_sizes[:p0] + bshape + rest_sizes[p0:]
         vals = E.broadcast_to(vals, full)
         order = list(range(p0, p0 + nb)) + list(range(p0)) + list(range(p0 + nb, len(full)))
         vals = E.transpose(vals, order)
     else:
-        vals = E.broadcast_to(vals, list(bshape) + rest_sizes)
+        vals = E.broadcast_to(vals, bshape + rest_sizes)
     out = E.scatter(
         xt,
         stacked,

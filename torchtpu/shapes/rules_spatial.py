@@ -398,15 +398,10 @@ def _attention_args(ctx, node, q, k, causal, kwargs):
 
 @handles(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def _sdpa_cpu(node, args, kwargs, ctx):
-    q, k, v = args[:3]
-    dropout = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
-    causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
-    kw, factor = _attention_args(ctx, node, q, k, causal, kwargs)
-    qt = fill_padding(ctx, q, 0)
-    out, lse = node.target(
-        qt if factor is None else qt * factor, fill_padding(ctx, k, 0), fill_padding(ctx, v, 0), dropout, causal, **kw
-    )
-    return PT(out, list(q.dims[:-1]) + [v.dims[-1]]), PT(lse, list(q.dims[:-1]))
+    names = ("q", "k", "v", "dropout_p", "is_causal", "attn_mask", "scale")
+    a, f, mask, scale, _ = _attention_inputs(node, args, kwargs, ctx, names)
+    out, lse = node.target(f["q"], f["k"], f["v"], a["dropout_p"], a["is_causal"], attn_mask=mask, scale=scale)
+    return PT(out, list(a["q"].dims[:-1]) + [a["v"].dims[-1]]), PT(lse, list(a["q"].dims[:-1]))
 
 
 def _key_mask(ctx, node, q, k, causal, mask):
@@ -431,32 +426,36 @@ def _key_mask(ctx, node, q, k, causal, mask):
 
 @handles(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 def _sdpa_cpu_backward(node, args, kwargs, ctx):
-    go, q, k, v, out, lse = args[:6]
-    dropout, causal = args[6], args[7]
-    kw, factor = _attention_args(ctx, node, q, k, causal, kwargs)
-    qt = fill_padding(ctx, q, 0)
+    names = ("grad", "q", "k", "v", "out", "logsumexp", "dropout_p", "is_causal", "attn_mask", "scale")
+    a, f, mask, scale, factor = _attention_inputs(node, args, kwargs, ctx, names)
     # the padding's queries get zero gradients (their attention weights then add nothing to the keys' and values')
     gq, gk, gv = node.target(
-        fill_padding(ctx, go, 0),
-        qt if factor is None else qt * factor,
-        fill_padding(ctx, k, 0),
-        fill_padding(ctx, v, 0),
-        fill_padding(ctx, out, 0),
-        fill_padding(ctx, lse, 0),
-        dropout,
-        causal,
-        **kw,
+        f["grad"],
+        f["q"],
+        f["k"],
+        f["v"],
+        f["out"],
+        f["logsumexp"],
+        a["dropout_p"],
+        a["is_causal"],
+        attn_mask=mask,
+        scale=scale,
     )
     if factor is not None:
         gq = gq * factor
-    return PT(gq, q.dims), PT(gk, k.dims), PT(gv, v.dims)
+    return PT(gq, a["q"].dims), PT(gk, a["k"].dims), PT(gv, a["v"].dims)
 
 
-def _tpu_attention(node, args, kwargs, ctx, names):
-    """torchtpu_attn's ops take their arguments by position: (tensors..., attn_mask, is_causal, scale). Returns them
-    by name with every tensor's padding filled with 0 (q scaled first where the scale follows a padded size), the
-    mask and scale to call the op with, and that factor (None: none)."""
-    a = dict(zip(names, list(args) + [kwargs[n] for n in names[len(args) :]]))
+_ATTENTION_DEFAULTS = {"attn_mask": None, "scale": None, "dropout_p": 0.0, "is_causal": False}
+
+
+def _attention_inputs(node, args, kwargs, ctx, names):
+    """An attention op's arguments (torch's CPU flash-attention ops, torchtpu_attn's) by name, in the op's order:
+    names lists them, positional first; those neither given nor passed take their defaults. Returns them with every
+    tensor's padding filled with 0 (q scaled first where the scale follows a padded size), the mask and scale to
+    call the op with, and that factor (None: none)."""
+    given = dict(zip(names, args)) | {n: v for n, v in kwargs.items() if n in names}
+    a = {n: given.get(n, _ATTENTION_DEFAULTS.get(n)) for n in names}
     q, k, causal = a["q"], a["k"], a["is_causal"]
     kw, factor = _attention_args(ctx, node, q, k, causal, {"attn_mask": a["attn_mask"], "scale": a["scale"]})
     filled = {n: fill_padding(ctx, t, 0) for n, t in a.items() if isinstance(t, PT) and n != "attn_mask"}
@@ -468,7 +467,7 @@ def _tpu_attention(node, args, kwargs, ctx, names):
 @handles(torch.ops.torchtpu_attn.sdpa.default)
 def _sdpa_tpu(node, args, kwargs, ctx):
     names = ("q", "k", "v", "attn_mask", "is_causal", "scale", "dropout_p")
-    a, f, mask, scale, _ = _tpu_attention(node, args, kwargs, ctx, names)
+    a, f, mask, scale, _ = _attention_inputs(node, args, kwargs, ctx, names)
     if a["dropout_p"]:
         raise Unsupported("attention dropout (its random draws would follow the padded size)")
     out, lse, rng = node.target(f["q"], f["k"], f["v"], mask, a["is_causal"], scale, 0.0)
@@ -478,7 +477,7 @@ def _sdpa_tpu(node, args, kwargs, ctx):
 @handles(torch.ops.torchtpu_attn.sdpa_backward.default)
 def _sdpa_tpu_backward(node, args, kwargs, ctx):
     names = ("grad", "q", "k", "v", "attn_mask", "out", "logsumexp", "is_causal", "scale", "dropout_p", "rng_state")
-    a, f, mask, scale, factor = _tpu_attention(node, args, kwargs, ctx, names)
+    a, f, mask, scale, factor = _attention_inputs(node, args, kwargs, ctx, names)
     if a["dropout_p"]:
         raise Unsupported("attention dropout (its random draws would follow the padded size)")
     # the padding's queries get zero gradients: their probabilities then add nothing to the keys' and values'
