@@ -12,9 +12,11 @@ cd "$(dirname "$0")/.."
 bash scripts/lint.sh || { echo "lint failed: bash scripts/lint.sh --fix rewrites the files"; exit 1; }
 [ $# -gt 0 ] || set -- tests --durations=15  # the slowest tests, for keeping CI within its budget
 log=$(mktemp -t torchtpu-fused-pass.XXXXXX)
+# a test that hangs ends its pass with its threads' stacks (tests/tools/watchdog.py): they are printed last too
+export TORCHTPU_TEST_HANG_REPORT=$(mktemp -t torchtpu-hang-report.XXXXXX)
 TORCHTPU_MODE=fused TORCHTPU_TEST_PINNED=run .venv/bin/python -m pytest -p no:cacheprovider "$@" >"$log" 2>&1 &
 fused=$!
-trap 'kill "$fused" 2>/dev/null; rm -f "$log"' EXIT
+trap 'kill "$fused" 2>/dev/null; rm -f "$log" "$TORCHTPU_TEST_HANG_REPORT"' EXIT
 trap 'exit 130' INT TERM
 echo "strict pass (the fused pass runs alongside; its output follows)"
 TORCHTPU_MODE=strict TORCHTPU_TEST_PINNED=skip .venv/bin/python -m pytest "$@"
@@ -24,5 +26,6 @@ fused_rc=$?
 echo
 echo "=== fused pass (TORCHTPU_MODE=fused) ==="
 cat "$log"
+[ -s "$TORCHTPU_TEST_HANG_REPORT" ] && { echo; echo "=== hung tests ==="; cat "$TORCHTPU_TEST_HANG_REPORT"; }
 echo "strict pass exit $strict_rc, fused pass exit $fused_rc"
 [ "$strict_rc" -eq 0 ] && [ "$fused_rc" -eq 0 ]

@@ -19,8 +19,30 @@ sys.path[:0] = [os.path.join(_HERE, "tools"), os.path.join(os.path.dirname(_HERE
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import watchdog  # noqa: E402
 
 import torchtpu  # noqa: E402,F401  (registers the "tpu" device)
+
+_HANG_S = float(os.environ.get("TORCHTPU_TEST_HANG_S", "600"))
+_WATCH = None
+
+
+def pytest_configure(config):
+    global _WATCH
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if _HANG_S > 0:
+        _WATCH = watchdog.Watchdog(_HANG_S, capman.suspend_global_capture if capman else None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test whose body runs past TORCHTPU_TEST_HANG_S gets its native and Python stacks logged and ends the pass
+    (watchdog.py). Setups are not watched: the sweeps' cold setups take up to ~14 min in a loaded fresh clone."""
+    if _WATCH is not None:
+        _WATCH.start(item.nodeid)
+    yield
+    if _WATCH is not None:
+        _WATCH.stop()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,11 +2,21 @@
 architecture from its own default config shrunk, 3 AdamW steps on cpu, in the suite's eager mode on tpu (strict or
 fused: the subset is shared over the suite's two passes) and under
 torch.compile(backend="tpu"), from the same init: losses within hf_sweep.MATCH of cpu's, no CPU fallback, no more
-Dynamo graph breaks than on cpu, no compiled graph run op by op."""
+Dynamo graph breaks than on cpu, no compiled graph run op by op.
+
+Each row runs in its own process, as the full sweep runs them, bounded in time. Two CI runs (stops 41 and 43) hung
+in Qwen3-Next's row in the strict pass (main thread in jax's block_until_ready, no CPU used); ~70 runs of it here did
+not hang. A row that hangs has its native and Python stacks reported (tests/tools/watchdog.py; scripts/test.sh prints
+the report last) and runs once more; a second hang fails the test."""
+
+import time
 
 import hf_sweep
 import pytest
 import torch
+import watchdog
+
+_ROW_S = 480  # a row took up to 126 s in the loaded fresh-clone run (2026-12-07), 2 architectures at a time
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +35,15 @@ _PARAMS = [
 
 @pytest.mark.parametrize("task,model_type", _PARAMS)
 def test_architecture_trains_like_cpu_eager_and_compiled(task, model_type):
-    cls = {(t, m): c for t, m, c in hf_sweep.entries()}[(task, model_type)]
-    r = hf_sweep.run(task, model_type, cls)
+    entry = (task, model_type, {(t, m): c for t, m, c in hf_sweep.entries()}[(task, model_type)])
+    r = None
+    for attempt in (1, 2):
+        t0 = time.perf_counter()
+        p = watchdog.run_bounded(hf_sweep.one_command(entry), _ROW_S, f"hf_sweep row {model_type}, try {attempt}")
+        if p is not None:
+            r = hf_sweep.row_of(entry, p, time.perf_counter() - t0)
+            break
+    assert r is not None, f"{model_type}'s row hung twice (stacks above and in the hang report)"
     assert r["status"] == "match", {k: v for k, v in r.items() if k not in ("cpu_dynamo",)}
     assert not r["eager_fallbacks"] and not r["compiled_fallbacks"], r
     assert r["tpu_breaks"] <= r["cpu_breaks"], (r["tpu_breaks"], r["cpu_breaks"])

@@ -492,27 +492,37 @@ LEVEL0 = "--xla_backend_optimization_level=0"
 OPTIMIZED = {"textnet": "float64 eager on tpu took 816 s at level 0 (the row: 253 s at the default level)"}
 
 
-def _one_process(entry, timeout, env):
-    task, model_type, cls = entry
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", f"{task}:{model_type}:{cls}"]
-    t0 = time.perf_counter()
-    if model_type in OPTIMIZED and env.get("XLA_FLAGS") == LEVEL0:
-        env = {k: v for k, v in env.items() if k != "XLA_FLAGS"}
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"task": task, "model_type": model_type, "class": cls, "status": "timeout", "error": f"> {timeout} s"}
+def one_command(entry) -> list[str]:
+    """The command that runs one row in its own process and prints it as JSON (its last line)."""
+    return [sys.executable, os.path.abspath(__file__), "--one", ":".join(entry)]
+
+
+def row_of(entry, p: subprocess.CompletedProcess, seconds: float) -> dict:
+    """The row a --one process printed, or a "crashed" row naming its exit and last stderr line."""
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
+    task, model_type, cls = entry
     tail = (p.stderr.strip().splitlines() or ["?"])[-1][:300]
     return {
         "task": task,
         "model_type": model_type,
         "class": cls,
         "status": "crashed",
-        "error": f"exit {p.returncode} after {time.perf_counter() - t0:.0f} s: {tail}",
+        "error": f"exit {p.returncode} after {seconds:.0f} s: {tail}",
     }
+
+
+def _one_process(entry, timeout, env):
+    task, model_type, cls = entry
+    t0 = time.perf_counter()
+    if model_type in OPTIMIZED and env.get("XLA_FLAGS") == LEVEL0:
+        env = {k: v for k, v in env.items() if k != "XLA_FLAGS"}
+    try:
+        p = subprocess.run(one_command(entry), capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"task": task, "model_type": model_type, "class": cls, "status": "timeout", "error": f"> {timeout} s"}
+    return row_of(entry, p, time.perf_counter() - t0)
 
 
 def sweep(todo, jobs, timeout, out_path):
@@ -588,6 +598,10 @@ def main():
     ap.add_argument("--write", action="store_true", help="write the table from --out into docs/zoo.md")
     args = ap.parse_args()
     if args.one:
+        import faulthandler
+        import signal
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # a parent that finds it hung asks for its stacks
         task, model_type, cls = args.one.split(":")
         print(json.dumps(run(task, model_type, cls)), flush=True)
         return
