@@ -5,9 +5,9 @@ torch.compile(backend="tpu"), from the same init: losses within hf_sweep.MATCH o
 Dynamo graph breaks than on cpu, no compiled graph run op by op.
 
 Each row runs in its own process, as the full sweep runs them, bounded in time. Two CI runs (stops 41 and 43) hung
-in Qwen3-Next's row in the strict pass (main thread in jax's block_until_ready, no CPU used); ~70 runs of it here did
-not hang. A row that hangs has its native and Python stacks reported (tests/tools/watchdog.py; scripts/test.sh prints
-the report last) and runs once more; a second hang fails the test."""
+in Qwen3-Next's row in the strict pass (main thread in jax's block_until_ready, no CPU used); ~45 cold runs of it
+here (2026-12-07) did not hang. A row that hangs has its native and Python stacks reported (tests/tools/watchdog.py;
+scripts/test.sh prints the report last) and runs once more; a second hang fails the test."""
 
 import time
 
