@@ -124,6 +124,8 @@ def multinomial(tr, probs, num_samples, replacement=False, generator=None):
         )
     if n == 0:
         raise RuntimeError("multinomial: number of categories cannot be zero")
+    if n > 1 << 24:  # cpu's and cuda's limit (float32 counts categories exactly up to 2^24)
+        raise RuntimeError(f"multinomial: number of categories cannot exceed 2^24, got {n} ({probs.dtype})")
     m = out_meta(tr)
     rows = probs.numel // n
     if rows == 0:
