@@ -206,7 +206,15 @@ def test_cnn_with_batchnorm_train_and_eval_updates_running_stats():
     assert torch.allclose(cpu_model(x), out.cpu(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "mixtral"])  # mixtral: _grouped_mm's fake rule for tpu
+# mixtral: _grouped_mm's fake rule for tpu. The graphs run as captured programs in either eager mode (only the
+# optimizer runs in the suite's mode): each model in one pass of the suite (scripts/test.sh)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.one_pass(p))
+        for n, p in (("gpt2", "strict"), ("llama", "fused"), ("mixtral", "fused"))
+    ],
+)
 def test_hugging_face_models_compiled_match_cpu(name):
     import zoo
 

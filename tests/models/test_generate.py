@@ -48,7 +48,14 @@ def _fallbacks():
     return {k: v for k, v in metrics.counters().items() if k.startswith("fallback.")}
 
 
-@pytest.mark.parametrize("mode", ["strict", "fused", "debug"])
+# each mode's case in one pass of the suite (scripts/test.sh; debug's in the strict pass), not in both
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(m, marks=pytest.mark.one_pass("fused" if m == "fused" else "strict"))
+        for m in ("strict", "fused", "debug")
+    ],
+)
 def test_greedy_with_the_dynamic_cache_matches_cpu_in_every_mode(models, mode):
     cpu, tpu = models
     ids = _prompt()
@@ -90,6 +97,7 @@ def test_static_cache_fast_path_is_one_program_per_token_and_compiles_once(model
     assert not any(k.startswith("fallback.") for k in c)
 
 
+@pytest.mark.pins_mode  # runs every mode itself
 def test_sampling_runs_on_the_device_the_same_in_every_mode_and_compiled(models):
     _, tpu = models
     ids = _prompt().to("tpu")
