@@ -95,5 +95,11 @@ def test_multinomial_on_the_device_follows_the_distribution_and_cpu_checks():
         torch.multinomial(p, 3).cpu()
     with pytest.raises(RuntimeError, match="without replacement"):
         torch.multinomial(p, 5)
+    # more categories than float32 counts exactly: cpu's and cuda's shape error, before any device work (no compile)
+    wide = torch.ones(2**24 + 1, device="tpu")
+    compiles = torchtpu.metrics.counters().get("compiles", 0)
+    with pytest.raises(RuntimeError, match=r"multinomial: number of categories cannot exceed 2\^24, got 16777217"):
+        torch.multinomial(wide, 3)
+    assert torchtpu.metrics.counters().get("compiles", 0) == compiles
     after = {k: v for k, v in torchtpu.metrics.counters().items() if k.startswith("fallback.")}
     assert after == before
