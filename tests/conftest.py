@@ -68,6 +68,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def modes_by_pass(*modes):
+    """pytest params for a test parametrized over eager modes: each mode's case runs in that mode's pass of the suite
+    (scripts/test.sh; debug's in the strict pass), not in both (a plain `pytest tests` runs them all)."""
+    return [pytest.param(m, marks=pytest.mark.one_pass("fused" if m == "fused" else "strict")) for m in modes]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_metrics():
     torchtpu.metrics.reset()

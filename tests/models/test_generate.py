@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import modes_by_pass
 
 import torchtpu
 from torchtpu import metrics
@@ -48,14 +49,7 @@ def _fallbacks():
     return {k: v for k, v in metrics.counters().items() if k.startswith("fallback.")}
 
 
-# each mode's case in one pass of the suite (scripts/test.sh; debug's in the strict pass), not in both
-@pytest.mark.parametrize(
-    "mode",
-    [
-        pytest.param(m, marks=pytest.mark.one_pass("fused" if m == "fused" else "strict"))
-        for m in ("strict", "fused", "debug")
-    ],
-)
+@pytest.mark.parametrize("mode", modes_by_pass("strict", "fused", "debug"))
 def test_greedy_with_the_dynamic_cache_matches_cpu_in_every_mode(models, mode):
     cpu, tpu = models
     ids = _prompt()

@@ -9,6 +9,7 @@ import eager_bucket_sweep
 import pytest
 import torch
 import zoo
+from conftest import modes_by_pass
 
 import torchtpu
 from torchtpu import _C, metrics
@@ -82,8 +83,7 @@ def _cnn():
     ), (3, 12, 12)
 
 
-# each mode's case runs in its own pass of the suite (scripts/test.sh), not in both
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.one_pass(m)) for m in ("strict", "fused")])
+@pytest.mark.parametrize("mode", modes_by_pass("strict", "fused"))
 @pytest.mark.parametrize("net", [_mlp, _cnn])
 def test_batches_whose_size_varies_compile_once_per_bucket(mode, net):
     """An upload whose dim 0 changes from step to step (a batch of varying size) is bucketed like a nonzero's rows
@@ -291,8 +291,7 @@ def test_exact_tensors_along_the_rows_raise_as_on_cpu():
             torch.addmm(bias.to("tpu"), ba, m.to("tpu")).cpu()
 
 
-# each mode's case runs in its own pass of the suite (scripts/test.sh), not in both
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.one_pass(m)) for m in ("strict", "fused")])
+@pytest.mark.parametrize("mode", modes_by_pass("strict", "fused"))
 def test_topk_moe_routing_compiles_once(mode):
     """The hand-written top-k router (where, gather, expert MLPs, index_add_), forward and backward: equal to cpu,
     and after two steps no lowering and no compile, whatever the counts routed to each expert."""

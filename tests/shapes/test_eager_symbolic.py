@@ -4,6 +4,7 @@ the length as a runtime value. The tensors the user sees keep their exact sizes 
 
 import pytest
 import torch
+from conftest import modes_by_pass
 
 import torchtpu
 from torchtpu import metrics
@@ -23,8 +24,7 @@ def _ops(x, w):
     return [y, m.sum(1), y.softmax(1), y.cumsum(1), y.amax(1), (y * y).mean()]
 
 
-# each mode's case runs in its own pass of the suite (scripts/test.sh), not in both
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.one_pass(m)) for m in ("strict", "fused")])
+@pytest.mark.parametrize("mode", modes_by_pass("strict", "fused"))
 def test_a_varying_length_lowers_and_compiles_once_per_bucket(mode):
     torch.manual_seed(0)
     w = torch.randn(8, 6)
