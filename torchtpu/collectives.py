@@ -101,10 +101,23 @@ def _region(op, dtype):
 
 
 def _opaque(x):
-    """x behind an optimization barrier: XLA's algebraic simplifier folds an all-reduce of a value it can see is
-    built from constants (a sum becomes a multiply by the group's size), right only when every rank runs this very
-    program; ranks running different programs (MPMD, fused chunks cut apart) would then wait on each other."""
-    return x.fn.op("stablehlo.optimization_barrier", [x], x.shape, x.dtype)
+    """x as a value XLA cannot see as the same on every rank. XLA assumes every replica runs one program, so it
+    folds a collective of a value it sees is built from constants (an all-reduce sum into a multiply by the group's
+    size, a MAX into the value itself): wrong where ranks run different programs (MPMD code, chunks cut apart, a
+    fill of the rank's own value), and the ranks that still run the collective then wait on the rest. An
+    optimization barrier does not hold: XLA:CPU removes barriers before its later simplification passes (with its
+    elemental fusion emitter, tests/conftest.py, `all_reduce(torch.full((2,), rank + 1.0))` was folded on rank 0
+    and rank 1 hung). x times a 1 that XLA cannot know is 1 (the replica id is not 2^32 - 1 on any rank) is x
+    exactly, for every value (-0.0, inf and nan included); XLA fuses the multiply into x's producer."""
+    fn = x.fn
+    rid = fn.op("stablehlo.replica_id", [], (), torch.uint32)
+    keep = E.compare(rid, E.const(fn, 2**32 - 1, torch.uint32), "NE")  # true on every rank
+    if x.dtype == torch.bool:
+        return E.binary("and", x, keep)
+    if x.dtype.is_complex:  # each part: a complex multiply by (1, 0) makes nan of an infinite part
+        one = E.convert(keep, E.real(x).dtype)
+        return E.complex_(E.mul(E.real(x), one), E.mul(E.imag(x), one))
+    return E.mul(x, E.convert(keep, x.dtype))
 
 
 def _all_reduce_rule(tr, x, op, ranks, world):

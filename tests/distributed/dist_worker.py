@@ -164,6 +164,20 @@ def collectives():
             dist.all_reduce(t)
             return t * 3
 
+    def made_on_device(dev):
+        # values the program builds from constants of its own, different on each rank: XLA, which assumes every
+        # rank runs one program, must not fold their collectives (a sum into a multiply by the group's size)
+        with torchtpu.mode("fused"):
+            a = torch.full((3,), float(RANK + 1), device=dev)
+            dist.all_reduce(a)
+            b = (torch.ones if RANK else torch.zeros)(4, device=dev)
+            dist.all_reduce(b, dist.ReduceOp.MAX)
+            g = torch.empty(2 * WORLD, device=dev)
+            dist.all_gather_into_tensor(g, torch.full((2,), float(RANK), device=dev))
+            r = torch.empty(2, device=dev)
+            dist.reduce_scatter_tensor(r, torch.full((2 * WORLD,), float(RANK + 1), device=dev))
+            return [a, b, g, r]
+
     for name, fn in [
         ("all_reduce.BOR", bor),
         ("all_reduce.view", view),
@@ -187,6 +201,7 @@ def collectives():
     sub = dist.new_group([0, 1], backend="cpu:gloo,tpu:tpu")
     check("new_group.all_reduce", subgroup)
     check("fused_mode.all_reduce", fused)
+    check("fused_mode.constants_made_on_device", made_on_device)
     dist.barrier()
     res["counters"] = {
         k: v
