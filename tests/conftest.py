@@ -5,11 +5,13 @@ os.environ.setdefault("TORCHTPU_NUM_CPU_DEVICES", "2")
 # The suite compiles thousands of one-op programs: keep them out of the user's disk cache
 # (tests/runtime/test_cache_disk.py turns the disk tier on where it is tested).
 os.environ.setdefault("TORCHTPU_CACHE_DIR", "")
-# XLA's backend (LLVM) at optimization level 0: XLA:CPU compiles are ~80% of the OpInfo sweep's time and level 0
-# takes ~20% off each (bench: the sweep's float32 samples of 160 ops, 29.0 -> 22.9 s; the suite ~14%), while the HLO
-# passes and the numerics (no fast math at any level) stay those users get. bench/ and the README's main job run at
-# XLA's default level; processes the tests start inherit this.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# XLA:CPU compiles are most of the suite's time (thousands of one-op programs, ~100 ms each here), so the suite
+# compiles for speed of compiling: XLA's backend (LLVM) at optimization level 0 (~20% off each compile; the OpInfo
+# sweep's float32 samples of 160 ops, 29.0 -> 22.9 s) and fusions emitted by XLA:CPU's elemental emitter rather than
+# its MLIR fusion emitters (~35% off each: a one-op program 96 -> 62 ms, a slice of the error sweep 27.9 -> 20.3 s,
+# 2026-12-07). The HLO passes and the numerics (no fast math either way) stay those users get; bench/ and the
+# README's main job run at XLA's defaults; processes the tests start inherit these.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
 import sys
 
