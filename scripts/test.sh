@@ -2,8 +2,8 @@
 # The whole suite twice, side by side: once in the default eager mode (strict) and once with fused eager as the
 # default mode (every test must pass in every mode). Tests marked pins_mode set the modes they run in themselves, so
 # one pass runs them (the fused one; tests/lowering/test_opinfo.py splits its samples over the two passes). A pytest keeps
-# about one core busy (XLA:CPU compiles and runs are mostly serial): on the 2-core machine the passes took 29.7 and
-# 30.2 min side by side in a fresh clone (2026-12-01), where they took 25 + 22 min one after the other.
+# about one core busy (XLA:CPU compiles and runs are mostly serial): on the 2-core machine the passes took 23.5 and
+# 23.9 min side by side in a fresh clone, 26.0 min for all of .ci/run (2026-12-07, tests/conftest.py's XLA flags).
 # Arguments (test paths, pytest options) replace the default `tests` in both runs. Exits non-zero if either pass
 # fails; the fused pass's output follows the strict pass's.
 # The format and lint checks (scripts/lint.sh) run first: a tree they fail is not tested.
