@@ -115,8 +115,9 @@ def _opaque(x):
     if x.dtype == torch.bool:
         return E.binary("and", x, keep)
     if x.dtype.is_complex:  # each part: a complex multiply by (1, 0) makes nan of an infinite part
-        one = E.convert(keep, E.real(x).dtype)
-        return E.complex_(E.mul(E.real(x), one), E.mul(E.imag(x), one))
+        re, im = E.real(x), E.imag(x)
+        one = E.convert(keep, re.dtype)
+        return E.complex_(E.mul(re, one), E.mul(im, one))
     return E.mul(x, E.convert(keep, x.dtype))
 
 
