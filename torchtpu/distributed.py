@@ -296,6 +296,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     def _run(self, name, key, body, arr, in_spec="r", out_spec="", mesh=None):
         metrics.inc(f"collective.{name}")
+        _launch_recorded()  # the pending chunk's collectives run first on every rank
         if mesh is None and CHECKS:
             self._agree(name, key[0] if key and key[0] in _REDUCE else "", tuple(arr.shape), str(arr.dtype))
         try:
@@ -700,6 +701,19 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
 CHECKS = config.get("distributed_checks")
 _recording = None  # the group whose collectives the pending chunk may hold (fused mode)
+
+
+def _launch_recorded() -> None:
+    """Launches a pending chunk that may hold collectives, before a collective that runs as its own program: the
+    ranks must start their collectives in one order. Without it, a rank whose operand needed no launch (a zero fill
+    is never written) ran the program's collective first while the other rank's chunk waited in its own."""
+    global _recording
+    if _recording is not None:
+        if executor.get_mode() == "fused":
+            executor.cut(cause=executor.Cut.collective)
+        _recording = None
+
+
 _NAMES = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "scatter", "send_recv"]
 _REDUCE = ["", "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 _DTYPES = [

@@ -178,6 +178,16 @@ def collectives():
             dist.reduce_scatter_tensor(r, torch.full((2 * WORLD,), float(RANK + 1), device=dev))
             return [a, b, g, r]
 
+    def chunk_then_own_program(dev):
+        # a collective in the pending chunk, then one that runs as its own program (a bool MAX): every rank must
+        # launch the chunk first, also rank 0, whose all-False operand (never written) needs no launch to be read
+        with torchtpu.mode("fused"):
+            a = torch.full((3,), float(RANK + 1), device=dev)
+            dist.all_reduce(a)
+            b = torch.full((2,), bool(RANK), device=dev)
+            dist.all_reduce(b, dist.ReduceOp.MAX)
+            return [a, b]
+
     for name, fn in [
         ("all_reduce.BOR", bor),
         ("all_reduce.view", view),
@@ -202,6 +212,7 @@ def collectives():
     check("new_group.all_reduce", subgroup)
     check("fused_mode.all_reduce", fused)
     check("fused_mode.constants_made_on_device", made_on_device)
+    check("fused_mode.chunk_then_own_program", chunk_then_own_program)
     dist.barrier()
     res["counters"] = {
         k: v
