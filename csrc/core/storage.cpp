@@ -58,7 +58,10 @@ void DeviceBuffer::mark_donated() {
 }
 
 void StorageHandle::clear() {
-  if (state == State::kPending && node) node->live[index] -= 1;
+  if (state == State::kPending && node) {
+    node->live[index] -= 1;
+    drop_unread_results(node, 1);
+  }
   buffer.reset();
   node.reset();
   error.reset();

@@ -439,6 +439,7 @@ std::optional<std::vector<at::Tensor>> run_program(int32_t program, const std::v
     std::lock_guard<std::recursive_mutex> lk(exec_mutex());
     const Fragment& f = fragment(p.fragment);
     auto node = new_node(p.fragment, p.device);
+    node->inputs.reserve(p.leaf_input.size());  // a model's step reads every parameter: dozens of inputs
     size_t ci = 0;
     for (int32_t src : p.leaf_input) {
       if (src >= 0) {

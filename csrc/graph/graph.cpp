@@ -215,7 +215,8 @@ Chunk detach(c10::DeviceIndex device, size_t count, const std::vector<bool>* sel
                               "that is neither in its chunk nor launched");
         in.leaf = in.node->results[in.index];
         TORCH_INTERNAL_ASSERT(in.leaf, "tpu: a node reads a result its chunk did not keep");
-        in.node.reset();
+        const NodePtr from = std::move(in.node);
+        drop_unread_results(from, 1);
       }
       int32_t li = -1;
       if (c.leaves.size() <= 16) {  // few leaves (strict mode): a scan beats a hash map

@@ -39,4 +39,19 @@ struct Node : c10::intrusive_ptr_target {
   std::string line;  // the Python line that recorded it (debug mode, checked ops)
 };
 
+// A launched node keeps each result a storage handle (live) or an unlaunched node's input may still read. Once
+// nothing but handles holds the node (`others`: the references its caller holds besides), a result no handle
+// points at is read by no one: dropping it lets a later chunk overwrite that buffer in place (graph.cpp donates a
+// leaf only when nothing else holds it). Without this, a kept output of one compiled decode step (its token) kept
+// the step's whole KV cache from being donated to the next one: a copy of every layer's cache per token.
+inline void drop_unread_results(const NodePtr& n, int64_t others) {
+  if (n->state != Node::State::kLaunched) return;
+  int64_t handles = 0;
+  for (const auto l : n->live) handles += l;
+  if (static_cast<int64_t>(n.use_count()) != handles + others) return;
+  for (size_t r = 0; r < n->results.size() && r < n->live.size(); ++r) {
+    if (n->live[r] == 0) n->results[r].reset();
+  }
+}
+
 }  // namespace torchtpu

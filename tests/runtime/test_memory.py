@@ -66,6 +66,29 @@ def test_in_place_updates_donate_their_buffers():
     torch.testing.assert_close(x.cpu(), torch.full((n,), 0.99**10 + sum(0.5 * 0.99 ** (10 - i) for i in range(10))))
 
 
+def test_a_kept_result_does_not_pin_the_buffers_its_program_overwrote():
+    """A compiled step that updates a large state in place and returns a small value: keeping every call's value (a
+    decode loop keeps its tokens) must not keep the state's buffer each call wrote, which the next call overwrites
+    in place (a kept token pinned the whole KV cache: a copy of it per token, and a second executable)."""
+    n = 1 << 20
+    state = torch.ones(n, device="tpu")
+
+    @torch.compile(backend="tpu", fullgraph=True)
+    def step(x):
+        state.mul_(0.5).add_(x)
+        return state[:4].sum()
+
+    x = torch.ones(n, device="tpu")
+    kept = [step(x) for _ in range(2)]
+    torch.tpu.synchronize()
+    before = torchtpu.metrics.counters().get("donated_bytes", 0)
+    for _ in range(4):
+        kept.append(step(x))
+        torch.tpu.synchronize()  # each call its own chunk in fused mode too
+    assert torchtpu.metrics.counters().get("donated_bytes", 0) - before >= 4 * 4 * n
+    assert [round(v.item(), 4) for v in kept] == [4 * (2 - 0.5**k) for k in range(1, 7)]
+
+
 def test_freed_storages_release_device_buffers():
     torch.tpu.empty_cache()
     base = torch.tpu.memory_stats()["active.all.current"]
