@@ -175,8 +175,64 @@ def index(tr, x, indices):
     return g
 
 
+FEW_WRITES = 8  # x[indices] = values with at most this many indexed positions: dynamic_update_slice, not a scatter
+
+
+def _few_writes(tr, x, indices, values, accumulate):
+    """x[indices] = values (+= with accumulate) as one dynamic_update_slice per indexed position, in x's own layout;
+    None when a scatter serves better (more positions). A scatter on XLA:CPU moves the indexed dims first: a copy
+    of the whole tensor there and one back, where a static KV cache's write in a decode step (one position along
+    dim 2) needs neither. Positions are written in order, so the last of duplicates wins, as on CPU."""
+    indices = list(indices) + [None] * (x.rank - len(indices))
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    if not pos or x.rank == 0:
+        return None
+    bshape = list(E.broadcast_shapes(*[indices[d].shape for d in pos]))
+    n = 1
+    for b in bshape:
+        n *= b
+    if n == 0 or n > FEW_WRITES:
+        return None
+    idx = [checked(tr, indices[d], x.shape[d], negative=True, dim=d) for d in pos]
+    rest = [d for d in range(x.rank) if d not in pos]
+    rest_sizes = [x.shape[d] for d in rest]
+    p0 = pos[0] if pos == list(range(pos[0], pos[0] + len(pos))) and pos[0] > 0 else None
+    res_shape = rest_sizes[:p0] + bshape + rest_sizes[p0:] if p0 is not None else bshape + rest_sizes
+    part_shape = [1 if d in pos else x.shape[d] for d in range(x.rank)]
+    sizes = [x.shape[d] for d in pos]
+
+    def f(v, vals, *ix):
+        import jax.numpy as jnp
+        from jax import lax
+
+        vals = jnp.broadcast_to(vals, res_shape)
+        if p0 is not None:  # torch puts the indexed positions where the first indexed dim was: bring them first
+            nb = len(bshape)
+            vals = jnp.transpose(vals, list(range(p0, p0 + nb)) + list(range(p0)) + list(range(p0 + nb, vals.ndim)))
+        vals = vals.reshape([n] + rest_sizes)
+        ix = [jnp.broadcast_to(i, bshape).reshape(n) for i in ix]
+        zero = jnp.zeros((), jnp.int64)
+        for k in range(n):
+            at = [zero] * v.ndim
+            inside = True
+            for d, i, size in zip(pos, ix, sizes):
+                at[d] = i[k]
+                inside = inside & (i[k] >= 0) & (i[k] < size)
+            cur = lax.dynamic_slice(v, at, part_shape)
+            new = vals[k].reshape(part_shape)
+            new = cur + new if accumulate else new
+            # an index out of bounds raises (checked); meanwhile it writes nothing, as the scatter did
+            v = lax.dynamic_update_slice(v, jnp.where(inside, new, cur), at)
+        return v
+
+    return jaxfn.call(tr, "index_put_few", f, [x, E.convert(values, x.dtype)] + idx, (tuple(pos), bool(accumulate)))[0]
+
+
 @lowering("index_put")
 def index_put(tr, x, indices, values, accumulate=False):
+    few = _few_writes(tr, x, indices, values, accumulate)
+    if few is not None:
+        return few
     xt, perm, k, stacked, bshape, rest_sizes, p0 = _advanced(tr, x, indices)
     nb = len(bshape)
     vals = E.convert(values, x.dtype)
