@@ -175,14 +175,33 @@ def index(tr, x, indices):
     return g
 
 
-FEW_WRITES = 8  # x[indices] = values with at most this many indexed positions: dynamic_update_slice, not a scatter
+FEW_WRITES = 8  # index writes of at most this many positions: dynamic_update_slice in place, not a scatter
+
+
+def write_each(v, pos, ix, parts, accumulate=False):
+    """(jax) v with parts[k] (v's rank, size 1 along the dims in pos) written (added, with accumulate) where dim
+    pos[j] is ix[j][k], one dynamic_update_slice per k in order, so the last of duplicates wins, as on CPU. A
+    scatter along an inner dim is no write in place on XLA:CPU: it moves the indexed dims first, a copy of the whole
+    tensor there and one back, where a static KV cache's write in a decode step (one position along dim 2) needs
+    neither. An index out of bounds writes nothing (the caller's device-side check raises)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    zero = jnp.zeros((), jnp.int64)
+    for k, part in enumerate(parts):
+        at = [zero] * v.ndim
+        inside = True
+        for d, i in zip(pos, ix):
+            at[d] = i[k]
+            inside = inside & (i[k] >= 0) & (i[k] < v.shape[d])
+        cur = lax.dynamic_slice(v, at, part.shape)
+        v = lax.dynamic_update_slice(v, jnp.where(inside, cur + part if accumulate else part, cur), at)
+    return v
 
 
 def _few_writes(tr, x, indices, values, accumulate):
-    """x[indices] = values (+= with accumulate) as one dynamic_update_slice per indexed position, in x's own layout;
-    None when a scatter serves better (more positions). A scatter on XLA:CPU moves the indexed dims first: a copy
-    of the whole tensor there and one back, where a static KV cache's write in a decode step (one position along
-    dim 2) needs neither. Positions are written in order, so the last of duplicates wins, as on CPU."""
+    """x[indices] = values (+= with accumulate) by write_each when at most FEW_WRITES positions are indexed, in x's
+    own layout; None when a scatter serves better."""
     indices = list(indices) + [None] * (x.rank - len(indices))
     pos = [d for d, i in enumerate(indices) if i is not None]
     if not pos or x.rank == 0:
@@ -194,16 +213,13 @@ def _few_writes(tr, x, indices, values, accumulate):
     if n == 0 or n > FEW_WRITES:
         return None
     idx = [checked(tr, indices[d], x.shape[d], negative=True, dim=d) for d in pos]
-    rest = [d for d in range(x.rank) if d not in pos]
-    rest_sizes = [x.shape[d] for d in rest]
+    rest_sizes = [x.shape[d] for d in range(x.rank) if d not in pos]
     p0 = pos[0] if pos == list(range(pos[0], pos[0] + len(pos))) and pos[0] > 0 else None
     res_shape = rest_sizes[:p0] + bshape + rest_sizes[p0:] if p0 is not None else bshape + rest_sizes
     part_shape = [1 if d in pos else x.shape[d] for d in range(x.rank)]
-    sizes = [x.shape[d] for d in pos]
 
     def f(v, vals, *ix):
         import jax.numpy as jnp
-        from jax import lax
 
         vals = jnp.broadcast_to(vals, res_shape)
         if p0 is not None:  # torch puts the indexed positions where the first indexed dim was: bring them first
@@ -211,19 +227,7 @@ def _few_writes(tr, x, indices, values, accumulate):
             vals = jnp.transpose(vals, list(range(p0, p0 + nb)) + list(range(p0)) + list(range(p0 + nb, vals.ndim)))
         vals = vals.reshape([n] + rest_sizes)
         ix = [jnp.broadcast_to(i, bshape).reshape(n) for i in ix]
-        zero = jnp.zeros((), jnp.int64)
-        for k in range(n):
-            at = [zero] * v.ndim
-            inside = True
-            for d, i, size in zip(pos, ix, sizes):
-                at[d] = i[k]
-                inside = inside & (i[k] >= 0) & (i[k] < size)
-            cur = lax.dynamic_slice(v, at, part_shape)
-            new = vals[k].reshape(part_shape)
-            new = cur + new if accumulate else new
-            # an index out of bounds raises (checked); meanwhile it writes nothing, as the scatter did
-            v = lax.dynamic_update_slice(v, jnp.where(inside, new, cur), at)
-        return v
+        return write_each(v, pos, ix, [vals[k].reshape(part_shape) for k in range(n)], accumulate)
 
     return jaxfn.call(tr, "index_put_few", f, [x, E.convert(values, x.dtype)] + idx, (tuple(pos), bool(accumulate)))[0]
 

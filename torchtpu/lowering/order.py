@@ -12,7 +12,7 @@ import torch
 from .. import emit as E
 from .. import jaxfn
 from ..tables import lowering, out_meta
-from .indexing import checked
+from .indexing import FEW_WRITES, checked, write_each
 
 
 def _cum_rule(kind):
@@ -300,9 +300,6 @@ def index_reduce(tr, x, dim, index, source, reduce, include_self=True):
     return jaxfn.call(tr, "index_reduce", f, [x, index, source], (d, reduce, bool(include_self)))[0]
 
 
-_FEW_SLICES = 8  # index_copy / index_fill with at most this many indices: dynamic_update_slice, not a scatter
-
-
 def _index_write(tr, name, x, dim, index, value):
     """x with its slices along dim at index replaced by value (a tensor of those slices, or a scalar)."""
     if index.numel == 0:
@@ -334,23 +331,12 @@ def _index_write(tr, name, x, dim, index, value):
         if s.ndim == 0 and name == "index_copy" and v.ndim:
             s = s.reshape((1,) * v.ndim)
         n = idx.shape[0]
-        if n > _FEW_SLICES:
+        if n > FEW_WRITES:
             return v.at[(slice(None),) * d + (idx,)].set(s)
-        # A few slices (a static KV cache's write in a decode step: one) are written in place one by one (the last
-        # of duplicates wins, as on CPU). A scatter along an inner dim is no write in place on XLA:CPU: it moves
-        # that dim first, a copy of the whole tensor there and one back.
         shape = list(v.shape)
         shape[d] = 1
-        zero = jnp.zeros((), idx.dtype)
-        for k in range(n):
-            at = [zero] * v.ndim
-            at[d] = idx[k]
-            part = lax.slice_in_dim(s, k, k + 1, axis=d) if s.ndim == v.ndim and s.shape[d] == n else s
-            part = jnp.broadcast_to(part, shape).astype(v.dtype)
-            # an index out of bounds raises (checked above); meanwhile it writes nothing, as the scatter did
-            inside = (idx[k] >= 0) & (idx[k] < size)
-            v = lax.dynamic_update_slice(v, jnp.where(inside, part, lax.dynamic_slice(v, at, shape)), at)
-        return v
+        parts = [lax.slice_in_dim(s, k, k + 1, axis=d) if s.ndim == v.ndim and s.shape[d] == n else s for k in range(n)]
+        return write_each(v, [d], [idx], [jnp.broadcast_to(p, shape).astype(v.dtype) for p in parts])
 
     return jaxfn.call(tr, name, f, [x, index, val], (d,))[0]
 
